@@ -1,0 +1,162 @@
+"""The FP32 model: fetch the Keras .h5, convert it once to the canonical pre-processed ONNX (cached)."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import logging
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from resnet8ptq.fetch import FetchError, download, sha256_of
+
+log = logging.getLogger(__name__)
+
+MODEL_URL = (
+    "https://github.com/mlcommons/tiny/raw/master/benchmark/training/image_classification/"
+    "trained_models/pretrainedResnet.h5"
+)
+MODEL_FILENAME = "pretrainedResnet.h5"
+MODEL_SHA256 = "5f938a8eea605438cc7360aa13c987bc6d7bd0c8d931b2917361ae7ae4eeda2f"
+ASSETS_ENV = "RESNET8PTQ_ASSETS"
+INPUT_NAME = "input"
+ONNX_OPSET = 17
+# onnxruntime 1.31 refuses models whose IR version is newer than it knows; onnx >= 1.23 writes newer ones.
+MAX_IR_VERSION = 10
+# Bump when the conversion recipe changes, so that old cache entries are not reused.
+RECIPE_VERSION = 1
+
+
+class ModelError(RuntimeError):
+    """The model file is missing, corrupt, or cannot be converted."""
+
+
+@dataclass(frozen=True)
+class CanonicalModel:
+    """The pre-processed FP32 ONNX model that every backend starts from."""
+
+    onnx_path: Path
+    h5_path: Path
+    h5_sha256: str
+    converted_now: bool
+
+
+def resolve_h5(path: str | Path | None, sha256: str | None, cache_dir: Path) -> tuple[Path, str]:
+    """Locate the Keras model and check its sha256; download MLPerf Tiny's model when none is given.
+
+    Order: an explicit ``path``; ``$RESNET8PTQ_ASSETS/models/pretrainedResnet.h5``; the cache (downloading
+    it there when absent). Returns the path and its actual sha256.
+    """
+    if path is not None:
+        h5 = Path(path).expanduser().resolve()
+        if not h5.is_file():
+            raise ModelError(f"model.path={h5} does not exist. Point model.path at a Keras .h5 file.")
+    else:
+        assets = os.environ.get(ASSETS_ENV)
+        local = Path(assets).expanduser().resolve() / "models" / MODEL_FILENAME if assets else None
+        if local is not None and local.is_file():
+            h5 = local
+        else:
+            h5 = cache_dir / "models" / MODEL_FILENAME
+            if not h5.is_file():
+                try:
+                    download(MODEL_URL, h5, expected_sha256=MODEL_SHA256, what="MLPerf Tiny ResNet8")
+                except FetchError as err:
+                    raise ModelError(
+                        f"{err}\nNo local model found: set model.path to a Keras .h5 file, or set "
+                        f"{ASSETS_ENV} to a directory holding models/{MODEL_FILENAME}."
+                    ) from err
+    actual = sha256_of(h5)
+    if sha256 is not None and actual != sha256:
+        raise ModelError(
+            f"{h5}: sha256 {actual} does not match the expected {sha256}. The file is corrupt or a "
+            f"different model; replace it, or set model.sha256=null to accept a custom model."
+        )
+    _check_hdf5(h5)
+    return h5, actual
+
+
+def _check_hdf5(h5: Path) -> None:
+    with h5.open("rb") as f:
+        signature = f.read(8)
+    if signature != b"\x89HDF\r\n\x1a\n":
+        raise ModelError(f"{h5} is not an HDF5 file (bad signature {signature!r}); give a Keras .h5 model.")
+
+
+def converter_versions() -> dict[str, str]:
+    """Versions of the libraries that shape the converted model (read without importing them)."""
+    versions = {}
+    for name, dists in {
+        "tensorflow": ("tensorflow-cpu", "tensorflow"),
+        "tf2onnx": ("tf2onnx",),
+        "onnx": ("onnx",),
+        "onnxruntime": ("onnxruntime",),
+    }.items():
+        for dist in dists:
+            try:
+                versions[name] = importlib.metadata.version(dist)
+                break
+            except importlib.metadata.PackageNotFoundError:
+                continue
+        else:
+            versions[name] = "absent"
+    return versions
+
+
+def canonical_onnx(h5: Path, h5_sha256: str, cache_dir: Path) -> CanonicalModel:
+    """Return the cached canonical ONNX for ``h5``, converting it first if needed.
+
+    Cache key: the h5's sha256, the converter versions and the recipe version. The file is written to
+    a temporary name and renamed, so an interrupted conversion never leaves a corrupt cache entry.
+    """
+    key_src = json.dumps({"h5": h5_sha256, **converter_versions(), "recipe": RECIPE_VERSION}, sort_keys=True)
+    key = hashlib.sha256(key_src.encode()).hexdigest()[:16]
+    target = cache_dir / "onnx" / f"resnet8-{key}.onnx"
+    if target.is_file():
+        return CanonicalModel(target, h5, h5_sha256, converted_now=False)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    log.info("Converting %s to ONNX (cached as %s)", h5, target)
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=".convert-") as tmp:
+        raw = Path(tmp) / "raw.onnx"
+        pre = Path(tmp) / "pre.onnx"
+        _keras_to_onnx(h5, raw)
+        _pre_process(raw, pre)
+        os.replace(pre, target)
+    return CanonicalModel(target, h5, h5_sha256, converted_now=True)
+
+
+def _keras_to_onnx(h5: Path, out: Path) -> None:
+    """tf2onnx conversion; TensorFlow is imported here and nowhere else."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import onnx
+    import tensorflow as tf
+    import tf2onnx
+
+    try:
+        keras_model = tf.keras.models.load_model(h5, compile=False)
+    except Exception as err:  # Keras raises many types for unreadable files
+        raise ModelError(f"Keras could not load {h5}: {err}") from err
+    spec = (tf.TensorSpec((None, *keras_model.input_shape[1:]), tf.float32, name=INPUT_NAME),)
+    model_proto, _ = tf2onnx.convert.from_keras(keras_model, input_signature=spec, opset=ONNX_OPSET)
+    onnx.save(model_proto, out)
+
+
+def _pre_process(raw: Path, out: Path) -> None:
+    """ORT's quantization pre-processing: shape inference and graph optimisation (folds the BatchNorms)."""
+    import onnx
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    quant_pre_process(raw, out)
+    model = onnx.load(out)
+    save_onnx(model, out)
+
+
+def save_onnx(model, path: Path) -> None:
+    """Save an ONNX ModelProto with an IR version onnxruntime accepts."""
+    import onnx
+
+    model.ir_version = min(model.ir_version, MAX_IR_VERSION)
+    onnx.save(model, path)
