@@ -1,0 +1,74 @@
+"""Typed schema of the Hydra config (registered as ``base_config``): wrong types fail at composition."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+from resnet8ptq.backends.base import QuantSpec
+from resnet8ptq.calibration import CalibSpec
+
+
+@dataclass
+class DtypeConfig:
+    activation: str = MISSING
+    weight: str = MISSING
+
+
+@dataclass
+class CalibConfig:
+    method: str = MISSING
+    symmetric: bool = False
+    num_bins: int | None = None
+    num_quantized_bins: int | None = None
+    percentile: float | None = None
+    batch_size: int = 100
+
+
+@dataclass
+class DataConfig:
+    root: str = "data"
+    download: bool = True
+    calib_per_class: int = 100
+    seed: int = 42
+
+
+@dataclass
+class ModelConfig:
+    path: str | None = None
+    sha256: str | None = None
+
+
+@dataclass
+class MlflowConfig:
+    tracking_uri: str | None = None
+    experiment: str = "resnet8ptq"
+
+
+@dataclass
+class Config:
+    backend: Any = MISSING  # each backend's own options; `name` selects the implementation
+    dtype: DtypeConfig = field(default_factory=DtypeConfig)
+    calib: CalibConfig = field(default_factory=CalibConfig)
+    per_channel: bool = False
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    cache_dir: str = MISSING
+    mlflow: MlflowConfig = field(default_factory=MlflowConfig)
+
+
+ConfigStore.instance().store(name="base_config", node=Config)
+
+
+def quant_spec(cfg: DictConfig) -> QuantSpec:
+    """The quantization settings of a composed config (validated)."""
+    calib = OmegaConf.to_container(cfg.calib, resolve=True)
+    return QuantSpec(
+        activation=cfg.dtype.activation,
+        weight=cfg.dtype.weight,
+        calib=CalibSpec(**calib),
+        per_channel=cfg.per_channel,
+    )

@@ -1,0 +1,242 @@
+"""One run, top to bottom: data -> FP32 model -> quantize -> evaluate -> log to MLflow."""
+
+from __future__ import annotations
+
+import functools
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from omegaconf import DictConfig, OmegaConf
+
+from resnet8ptq import tracking
+from resnet8ptq.backends import get_backend
+from resnet8ptq.backends.base import Backend, Model, QuantizedModel
+from resnet8ptq.config import quant_spec
+from resnet8ptq.data import CLASS_NAMES, Cifar10, calibration_set, load_cifar10, to_model_input
+from resnet8ptq.evaluate import Evaluation, Speed, evaluate, measure_speed
+from resnet8ptq.model import CanonicalModel, canonical_onnx, resolve_h5
+from resnet8ptq.plots import class_accuracy_png, confusion_matrix_png
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """The FP32 model of one backend and how it did on the test set."""
+
+    model: Model
+    evaluation: Evaluation
+    speed: Speed
+
+
+def run(cfg: DictConfig, output_dir: Path) -> float:
+    """Quantize, evaluate and log one configuration; return its test accuracy (fraction)."""
+    spec = quant_spec(cfg)  # invalid settings fail here, before any work
+    experiment_id = tracking.configure(cfg.mlflow)
+    params = tracking.run_params(cfg)
+    backend_name = cfg.backend.name
+    per_channel = "pc" if spec.per_channel else "pt"
+    run_name = f"{backend_name}-{spec.activation}-{spec.weight}-{spec.calib.method}-{per_channel}"
+    tags = {
+        "backend": backend_name,
+        "quantized": "true",
+        "calib": spec.calib.method,
+        "per_channel": str(spec.per_channel).lower(),
+        "config_hash": tracking.config_hash(params),
+        "git_commit": tracking.git_commit(),
+    }
+    with tracking.child_run(experiment_id, run_name, tags, params) as run_id:
+        # 1. Data: verified CIFAR-10, stratified calibration sample of the training split.
+        data = load_dataset(cfg.data.root, cfg.data.download)
+        calibration_images, _ = calibration_set(data, cfg.data.calib_per_class, cfg.data.seed)
+        test_images, test_labels = test_set(data)
+
+        # 2. FP32 model: the canonical ONNX, in this backend, with its accuracy as the baseline.
+        canonical = fp32_model(cfg.model.path, cfg.model.sha256, Path(cfg.cache_dir))
+        backend = get_backend(backend_name)
+        baseline = fp32_baseline(backend, canonical.onnx_path, Path(cfg.cache_dir), data)
+        context_tags = {
+            "data.verified": f"md5 ({data.layout} layout)",
+            "model.sha256": canonical.h5_sha256,
+            **{f"version.{lib}": version for lib, version in backend.versions().items()},
+        }
+        tracking.set_tags(run_id, context_tags)
+        if not tracking.find_sibling(experiment_id, backend=backend_name, quantized="false"):
+            log_baseline(experiment_id, backend_name, baseline, params, {**tags, **context_tags}, output_dir)
+
+        # 3. Quantize.
+        quantized = backend.quantize(
+            baseline.model,
+            canonical.onnx_path,
+            calibration_images,
+            spec,
+            output_dir / "model",
+            verify_images=test_images,
+            verify_labels=test_labels,
+        )
+
+        # 4. Evaluate on the full test set.
+        evaluation = evaluate(quantized.predict, test_images, test_labels, desc=f"Evaluating {run_name}")
+        speed = measure_speed(quantized.predict, test_images, evaluation.eval_seconds)
+        log.info("%s: accuracy %.4f (FP32 %.4f)", run_name, evaluation.accuracy, baseline.evaluation.accuracy)
+
+        # 5. Log.
+        log_quantized(run_id, cfg, quantized, evaluation, speed, baseline, output_dir)
+    return evaluation.accuracy
+
+
+@functools.cache
+def load_dataset(root: str, download: bool) -> Cifar10:
+    """CIFAR-10, verified and read once per process (a multirun reuses it)."""
+    return load_cifar10(Path(root), download=download)
+
+
+@functools.cache
+def test_set(data: Cifar10) -> tuple[np.ndarray, np.ndarray]:
+    """All 10,000 test images as model input, with their labels."""
+    return to_model_input(data.test_images), data.test_labels
+
+
+def fp32_model(path: str | None, sha256: str | None, cache_dir: Path) -> CanonicalModel:
+    """The canonical FP32 ONNX model (converted from the Keras .h5 once, then cached on disk)."""
+    h5, actual_sha256 = resolve_h5(path, sha256, cache_dir)
+    return canonical_onnx(h5, actual_sha256, cache_dir)
+
+
+@functools.cache
+def fp32_baseline(backend: Backend, onnx_path: Path, cache_dir: Path, data: Cifar10) -> Baseline:
+    """The backend's FP32 model evaluated on the test set (once per process and backend)."""
+    model = backend.load_fp32(onnx_path, cache_dir / backend.NAME)
+    images, labels = test_set(data)
+    evaluation = evaluate(model.predict, images, labels, desc=f"Evaluating {backend.NAME}-fp32")
+    return Baseline(model, evaluation, measure_speed(model.predict, images, evaluation.eval_seconds))
+
+
+def evaluation_metrics(evaluation: Evaluation, speed: Speed, model_path: Path) -> dict[str, float]:
+    """Metrics every run logs: accuracy, per-class accuracy, model size, speed."""
+    return {
+        "accuracy": evaluation.accuracy,
+        **{
+            f"class_acc/{name}": acc for name, acc in zip(CLASS_NAMES, evaluation.class_accuracy, strict=True)
+        },
+        "model_size_bytes": model_path.stat().st_size,
+        "throughput_img_s": speed.throughput_img_s,
+        "latency_ms_b1": speed.latency_ms_b1,
+        "eval_seconds": evaluation.eval_seconds,
+    }
+
+
+def evaluation_files(
+    evaluation: Evaluation, out_dir: Path, title: str, baseline: Evaluation | None = None
+) -> list[tuple[str, Path]]:
+    """Write confusion matrix and per-class accuracy (CSV + PNG) into out_dir; return (artifact dir, file)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    confusion_csv = out_dir / "confusion_matrix.csv"
+    pd.DataFrame(evaluation.confusion, index=CLASS_NAMES, columns=CLASS_NAMES).rename_axis(
+        "true \\ predicted"
+    ).to_csv(confusion_csv)
+    per_class = pd.DataFrame({"class": CLASS_NAMES, "accuracy": evaluation.class_accuracy})
+    if baseline is not None:
+        per_class["fp32_accuracy"] = baseline.class_accuracy
+        per_class["delta"] = per_class["accuracy"] - per_class["fp32_accuracy"]
+    class_csv = out_dir / "class_accuracy.csv"
+    per_class.to_csv(class_csv, index=False)
+    reference = None if baseline is None else baseline.class_accuracy
+    return [
+        ("evaluation", confusion_csv),
+        (
+            "evaluation",
+            confusion_matrix_png(
+                evaluation.confusion,
+                CLASS_NAMES,
+                out_dir / "confusion_matrix.png",
+                f"{title}: confusion matrix",
+            ),
+        ),
+        ("evaluation", class_csv),
+        (
+            "evaluation",
+            class_accuracy_png(
+                evaluation.class_accuracy,
+                CLASS_NAMES,
+                out_dir / "class_accuracy.png",
+                f"{title}: per-class accuracy",
+                reference,
+            ),
+        ),
+    ]
+
+
+def config_file(cfg: DictConfig, output_dir: Path) -> Path:
+    """The resolved config as YAML."""
+    path = output_dir / "resolved_config.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    return path
+
+
+def log_baseline(
+    experiment_id: str, backend_name: str, baseline: Baseline, params: dict, tags: dict, output_dir: Path
+) -> None:
+    """Log this backend's FP32 model as a run of its own (tag quantized=false) beside the quantized runs."""
+    name = f"{backend_name}-fp32"
+    fp32_params = {k: v for k, v in params.items() if not k.startswith(("dtype", "calib", "per_channel"))}
+    fp32_tags = {
+        **{k: v for k, v in tags.items() if k not in ("calib", "per_channel", "config_hash")},
+        "quantized": "false",
+        "dtype.activation": "float32",
+        "dtype.weight": "float32",
+    }
+    with tracking.child_run(experiment_id, name, fp32_tags, fp32_params) as run_id:
+        metrics = evaluation_metrics(baseline.evaluation, baseline.speed, baseline.model.path)
+        tracking.log_metrics(run_id, {**metrics, "fp32_size_bytes": metrics["model_size_bytes"]})
+        files = evaluation_files(baseline.evaluation, output_dir / "fp32", name)
+        tracking.log_artifacts(run_id, [*files, ("model", baseline.model.path)])
+
+
+def log_quantized(
+    run_id: str,
+    cfg: DictConfig,
+    quantized: QuantizedModel,
+    evaluation: Evaluation,
+    speed: Speed,
+    baseline: Baseline,
+    output_dir: Path,
+) -> None:
+    """Everything a quantized run records: metrics, effective dtypes, execution, artifacts."""
+    metrics = evaluation_metrics(evaluation, speed, quantized.path)
+    fp32_size = baseline.model.path.stat().st_size
+    metrics.update(
+        accuracy_delta=evaluation.accuracy - baseline.evaluation.accuracy,
+        fp32_size_bytes=fp32_size,
+        size_ratio=metrics["model_size_bytes"] / fp32_size,
+        calib_seconds=quantized.calib_seconds,
+        quantize_seconds=quantized.quantize_seconds,
+        **quantized.metrics,
+    )
+    tracking.log_metrics(run_id, metrics)
+    tracking.set_tags(
+        run_id,
+        {
+            "dtype.activation": quantized.activation_dtype,
+            "dtype.weight": quantized.weight_dtype,
+            "execution": quantized.execution,
+            **quantized.tags,
+        },
+    )
+    ranges_csv = output_dir / "calibration_ranges.csv"
+    pd.DataFrame([vars(r) for r in quantized.ranges]).to_csv(ranges_csv, index=False)
+    run_name = output_dir.name
+    files = evaluation_files(evaluation, output_dir / "evaluation", run_name, baseline.evaluation)
+    tracking.log_artifacts(
+        run_id,
+        [
+            *files,
+            ("model", quantized.path),
+            ("calibration", ranges_csv),
+            ("config", config_file(cfg, output_dir)),
+        ],
+    )

@@ -1,0 +1,63 @@
+"""Matplotlib figures a person would rather look at than read: confusion matrix, per-class accuracy."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import numpy as np
+
+
+def confusion_matrix_png(matrix: np.ndarray, class_names: Sequence[str], path: Path, title: str) -> Path:
+    """Heatmap of (true, predicted) counts with the counts written in each cell."""
+    fig, ax = plt.subplots(figsize=(7.5, 6.5))
+    image = ax.imshow(matrix, cmap="Blues")
+    fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
+    ticks = np.arange(len(class_names))
+    ax.set(xticks=ticks, yticks=ticks, xlabel="predicted", ylabel="true", title=title)
+    ax.set_xticklabels(class_names, rotation=45, ha="right")
+    ax.set_yticklabels(class_names)
+    threshold = matrix.max() / 2
+    for (row, col), count in np.ndenumerate(matrix):
+        ax.text(
+            col,
+            row,
+            str(count),
+            ha="center",
+            va="center",
+            fontsize=7,
+            color="white" if count > threshold else "black",
+        )
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def class_accuracy_png(
+    accuracy: np.ndarray,
+    class_names: Sequence[str],
+    path: Path,
+    title: str,
+    baseline: np.ndarray | None = None,
+) -> Path:
+    """Bar chart of per-class accuracy (%), with the FP32 baseline as markers when given."""
+    fig, ax = plt.subplots(figsize=(8, 4))
+    positions = np.arange(len(class_names))
+    ax.bar(positions, accuracy * 100, color="tab:blue", label="this run")
+    if baseline is not None:
+        ax.scatter(positions, baseline * 100, color="black", marker="_", s=400, label="FP32", zorder=3)
+        ax.legend(loc="lower right")
+    for x, value in zip(positions, accuracy, strict=True):
+        ax.text(x, value * 100 + 0.5, f"{value * 100:.1f}", ha="center", fontsize=8)
+    ax.set_xticks(positions)
+    ax.set_xticklabels(class_names, rotation=30, ha="right")
+    ax.set(ylabel="accuracy (%)", ylim=(0, 105), title=title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
