@@ -63,7 +63,7 @@ def resolve_h5(path: str | Path | None, sha256: str | None, cache_dir: Path) -> 
             h5 = cache_dir / "models" / MODEL_FILENAME
             if not h5.is_file():
                 try:
-                    download(MODEL_URL, h5, expected_sha256=MODEL_SHA256, what="MLPerf Tiny ResNet8")
+                    download(MODEL_URL, h5, expected=MODEL_SHA256, what="MLPerf Tiny ResNet8")
                 except FetchError as err:
                     raise ModelError(
                         f"{err}\nNo local model found: set model.path to a Keras .h5 file, or set "

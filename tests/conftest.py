@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from resnet8ptq.data import BINARY_DIR, Cifar10, load_cifar10
+from resnet8ptq.model import MODEL_FILENAME, MODEL_SHA256, CanonicalModel, canonical_onnx, resolve_h5
+from resnet8ptq.tracking import PARENT_RUN_ENV
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="session")
@@ -27,3 +33,37 @@ def assets_dir() -> Path:
 def cifar(assets_dir: Path) -> Cifar10:
     """The real CIFAR-10, verified and loaded once per test session."""
     return load_cifar10(assets_dir, download=False)
+
+
+@pytest.fixture(scope="session")
+def model_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Cache directory for converted models, shared by the whole test session (converted once)."""
+    return tmp_path_factory.mktemp("model-cache")
+
+
+@pytest.fixture(scope="session")
+def canonical_model(assets_dir: Path, model_cache: Path) -> CanonicalModel:
+    """The canonical FP32 ONNX model converted from the MLPerf Tiny .h5."""
+    h5, sha256 = resolve_h5(assets_dir / "models" / MODEL_FILENAME, MODEL_SHA256, model_cache)
+    return canonical_onnx(h5, sha256, model_cache)
+
+
+@pytest.fixture(scope="session")
+def run_cli(assets_dir: Path, model_cache: Path, canonical_model: CanonicalModel):
+    """Run `python run.py ARGS` in a working directory, as a user would; return the finished process."""
+
+    def run(cwd: Path, *args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+        env = {**os.environ, "RESNET8PTQ_ASSETS": str(assets_dir), "RESNET8PTQ_CACHE": str(model_cache)}
+        env.pop(PARENT_RUN_ENV, None)
+        env.pop("MLFLOW_TRACKING_URI", None)
+        return subprocess.run(
+            [sys.executable, str(REPO / "run.py"), *args],
+            cwd=cwd,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+
+    return run

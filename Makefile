@@ -1,0 +1,50 @@
+# resnet8ptq: `make sweep` sets up and runs the headline sweep, `make test` sets up and runs the tests.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV ?= .venv
+BIN := $(VENV)/bin
+DEPS := $(VENV)/.deps-installed
+PROJECT := $(VENV)/.project-installed
+HOST ?= 127.0.0.1
+PORT ?= 5000
+
+.PHONY: setup sweep grid test lint report bench ui lock clean
+
+setup: $(PROJECT)  ## create .venv with every dependency (exact versions from requirements.lock)
+
+$(DEPS): requirements.lock
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --upgrade --quiet "pip>=24"
+	$(BIN)/python -m pip install -r requirements.lock
+	touch $@
+
+$(PROJECT): $(DEPS) pyproject.toml
+	$(BIN)/python -m pip install --quiet --no-deps --no-build-isolation -e .
+	touch $@
+
+sweep: $(DEPS)  ## the headline sweep: both backends x int8/uint8
+	$(BIN)/python run.py -m backend=onnx,torch dtype=int8,uint8
+
+grid: $(DEPS)  ## every configuration of both backends (36 runs)
+	$(BIN)/python run.py -m backend=onnx,torch dtype=int8,uint8,u8s8 calib=minmax,entropy,percentile per_channel=false,true
+
+test: $(DEPS)  ## the test suite (needs CIFAR-10 + model: RESNET8PTQ_ASSETS, default ../shared)
+	$(BIN)/python -m pytest
+
+lint: $(DEPS)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+bench: $(DEPS)  ## benchmark figures (prints them)
+	$(BIN)/python bench/sweep_overhead.py
+
+ui: $(DEPS)  ## MLflow UI for the runs tracked in this directory (mlflow.db + mlruns/)
+	$(BIN)/mlflow ui --host $(HOST) --port $(PORT)
+
+lock:  ## regenerate requirements.lock from pyproject.toml in a scratch venv
+	rm -rf .lock-venv && $(PYTHON) -m venv .lock-venv
+	.lock-venv/bin/pip install --quiet ".[torch,dev]"
+	{ head -2 requirements.lock; .lock-venv/bin/pip freeze --exclude-editable | grep -v '^resnet8ptq'; } > requirements.lock.new
+	mv requirements.lock.new requirements.lock && rm -rf .lock-venv
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

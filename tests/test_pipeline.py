@@ -1,0 +1,155 @@
+"""End to end through the CLI: a sweep of ORT runs and what MLflow holds afterwards."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import mlflow
+import pytest
+from mlflow.entities import Run
+from mlflow.tracking import MlflowClient
+
+from resnet8ptq.data import CLASS_NAMES
+
+QUANTIZED_METRICS = {
+    "accuracy",
+    "accuracy_delta",
+    "model_size_bytes",
+    "fp32_size_bytes",
+    "size_ratio",
+    "throughput_img_s",
+    "latency_ms_b1",
+    "calib_seconds",
+    "quantize_seconds",
+    "eval_seconds",
+    *(f"class_acc/{name}" for name in CLASS_NAMES),
+}
+QUANTIZED_TAGS = {
+    "backend",
+    "dtype.activation",
+    "dtype.weight",
+    "per_channel",
+    "calib",
+    "quantized",
+    "execution",
+    "git_commit",
+    "version.onnxruntime",
+    "version.onnx",
+    "version.tf2onnx",
+    "data.verified",
+    "model.sha256",
+    "config_hash",
+}
+QUANTIZED_ARTIFACTS = {
+    "model/model_quantized.onnx",
+    "config/resolved_config.yaml",
+    "calibration/calibration_ranges.csv",
+    "evaluation/confusion_matrix.png",
+    "evaluation/confusion_matrix.csv",
+    "evaluation/class_accuracy.csv",
+    "evaluation/class_accuracy.png",
+}
+DTYPES = {"int8": ("int8", "int8"), "uint8": ("uint8", "uint8"), "u8s8": ("uint8", "int8")}
+
+
+def runs_in(workdir: Path) -> list[Run]:
+    """Every run in the MLflow store a bare `mlflow ui` in ``workdir`` would show."""
+    client = MlflowClient(f"sqlite:///{workdir / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("resnet8ptq")
+    return client.search_runs([experiment.experiment_id])
+
+
+def artifact_paths(workdir: Path, run: Run) -> set[str]:
+    client = MlflowClient(f"sqlite:///{workdir / 'mlflow.db'}")
+    paths, pending = set(), [None]
+    while pending:
+        for item in client.list_artifacts(run.info.run_id, pending.pop()):
+            (pending.append(item.path) if item.is_dir else paths.add(item.path))
+    return paths
+
+
+@pytest.fixture(scope="module")
+def sweep(run_cli, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[Run]]:
+    workdir = tmp_path_factory.mktemp("sweep")
+    result = run_cli(workdir, "-m", "backend=onnx", "dtype=int8,uint8,u8s8")
+    assert result.returncode == 0, result.stderr[-3000:]
+    return workdir, runs_in(workdir)
+
+
+def test_store_is_mlflows_default_location(sweep: tuple[Path, list[Run]]) -> None:
+    workdir, runs = sweep
+    assert (workdir / "mlflow.db").is_file() and (workdir / "mlruns").is_dir()
+    assert all(
+        run.info.artifact_uri.startswith((workdir / "mlruns").as_uri().replace("file://", "file://"))
+        or "mlruns" in run.info.artifact_uri
+        for run in runs
+    )
+    assert (workdir / "runs" / "multirun").is_dir()
+
+
+def test_sweep_is_grouped_under_one_parent(sweep: tuple[Path, list[Run]]) -> None:
+    _, runs = sweep
+    parents = [r for r in runs if r.data.tags.get("sweep") == "true"]
+    assert len(parents) == 1 and parents[0].info.status == "FINISHED"
+    children = [r for r in runs if r not in parents]
+    assert len(children) == 4  # one FP32 baseline + 3 quantized
+    assert {r.data.tags["mlflow.parentRunId"] for r in children} == {parents[0].info.run_id}
+    assert all(r.info.status == "FINISHED" for r in children)
+
+
+def test_fp32_baseline_run(sweep: tuple[Path, list[Run]]) -> None:
+    _, runs = sweep
+    baselines = [r for r in runs if r.data.tags.get("quantized") == "false"]
+    assert len(baselines) == 1, "the FP32 baseline is logged once per sweep and backend"
+    assert baselines[0].data.metrics["accuracy"] == 0.8719
+    assert baselines[0].data.tags["backend"] == "onnx"
+
+
+def test_quantized_runs_are_complete(sweep: tuple[Path, list[Run]]) -> None:
+    workdir, runs = sweep
+    fp32 = next(r for r in runs if r.data.tags.get("quantized") == "false").data.metrics["accuracy"]
+    quantized = [r for r in runs if r.data.tags.get("quantized") == "true"]
+    assert sorted(r.data.params["dtype"] for r in quantized) == sorted(DTYPES)
+    for run in quantized:
+        metrics, tags = run.data.metrics, run.data.tags
+        assert QUANTIZED_METRICS <= metrics.keys(), QUANTIZED_METRICS - metrics.keys()
+        assert QUANTIZED_TAGS <= tags.keys(), QUANTIZED_TAGS - tags.keys()
+        assert QUANTIZED_ARTIFACTS <= artifact_paths(workdir, run)
+        assert metrics["accuracy"] >= 0.855
+        assert metrics["accuracy_delta"] == pytest.approx(metrics["accuracy"] - fp32, abs=1e-12)
+        assert (tags["dtype.activation"], tags["dtype.weight"]) == DTYPES[run.data.params["dtype"]]
+        assert metrics["size_ratio"] == pytest.approx(
+            metrics["model_size_bytes"] / metrics["fp32_size_bytes"]
+        )
+        assert metrics["model_size_bytes"] < 0.5 * metrics["fp32_size_bytes"]
+        assert tags["quantized"] == "true" and tags["backend"] == "onnx"
+        assert run.data.params["backend"] == "onnx" and run.data.params["per_channel"] == "False"
+
+
+def test_logged_model_is_the_measured_file(sweep: tuple[Path, list[Run]]) -> None:
+    workdir, runs = sweep
+    run = next(r for r in runs if r.data.tags.get("quantized") == "true")
+    local = mlflow.artifacts.download_artifacts(
+        run_id=run.info.run_id,
+        artifact_path="model/model_quantized.onnx",
+        tracking_uri=f"sqlite:///{workdir / 'mlflow.db'}",
+    )
+    assert Path(local).stat().st_size == run.data.metrics["model_size_bytes"]
+
+
+def test_class_accuracies_average_to_accuracy(sweep: tuple[Path, list[Run]]) -> None:
+    _, runs = sweep
+    for run in runs:
+        if "accuracy" in run.data.metrics:
+            per_class = [run.data.metrics[f"class_acc/{name}"] for name in CLASS_NAMES]
+            assert sum(per_class) / 10 == pytest.approx(run.data.metrics["accuracy"], abs=1e-12)
+
+
+def test_failed_run_ends_failed_with_the_error(run_cli, tmp_path: Path) -> None:
+    result = run_cli(tmp_path, "data.root=/nonexistent/cifar", "data.download=false")
+    assert result.returncode != 0
+    assert "/nonexistent/cifar" in result.stderr
+    runs = runs_in(tmp_path)
+    assert {r.info.status for r in runs} == {"FAILED"}
+    child = next(r for r in runs if r.data.tags.get("quantized") == "true")
+    assert "DataError" in child.data.tags["error"] and "/nonexistent/cifar" in child.data.tags["error"]
