@@ -69,20 +69,20 @@ class Speed:
     latency_ms_b1: float
 
 
-def measure_speed(predict: Predictor, images: np.ndarray, eval_seconds: float | None = None) -> Speed:
-    """Throughput over the full test set (batch 500; reuses a timed evaluation if given) and the median
-    latency of ``LATENCY_RUNS`` single-image calls after ``LATENCY_WARMUP`` warm-up calls."""
-    if eval_seconds is None:
-        start = time.perf_counter()
-        for begin in range(0, len(images), EVAL_BATCH):
-            predict(images[begin : begin + EVAL_BATCH])
-        eval_seconds = time.perf_counter() - start
-    singles = images[:LATENCY_RUNS]
+def measure_speed(predict: Predictor, images: np.ndarray) -> Speed:
+    """Throughput over all ``images`` in batches of ``EVAL_BATCH`` (after one warm-up batch), and the
+    median latency of ``LATENCY_RUNS`` single-image calls (after ``LATENCY_WARMUP`` warm-up calls)."""
+    predict(images[:EVAL_BATCH])
+    start = time.perf_counter()
+    for begin in range(0, len(images), EVAL_BATCH):
+        predict(images[begin : begin + EVAL_BATCH])
+    throughput = len(images) / (time.perf_counter() - start)
+    singles = images[: max(LATENCY_RUNS, LATENCY_WARMUP)]
     for image in singles[:LATENCY_WARMUP]:
         predict(image[None])
     timings = []
-    for image in singles:
+    for image in singles[:LATENCY_RUNS]:
         start = time.perf_counter()
         predict(image[None])
         timings.append(time.perf_counter() - start)
-    return Speed(len(images) / eval_seconds, float(np.median(timings)) * 1e3)
+    return Speed(throughput, float(np.median(timings)) * 1e3)

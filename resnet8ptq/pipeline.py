@@ -80,7 +80,7 @@ def run(cfg: DictConfig, output_dir: Path) -> float:
 
         # 4. Evaluate on the full test set.
         evaluation = evaluate(quantized.predict, test_images, test_labels, desc=f"Evaluating {run_name}")
-        speed = measure_speed(quantized.predict, test_images, evaluation.eval_seconds)
+        speed = measure_speed(quantized.predict, test_images)
         log.info("%s: accuracy %.4f (FP32 %.4f)", run_name, evaluation.accuracy, baseline.evaluation.accuracy)
 
         # 5. Log.
@@ -112,7 +112,7 @@ def fp32_baseline(backend: Backend, onnx_path: Path, cache_dir: Path, data: Cifa
     model = backend.load_fp32(onnx_path, cache_dir / backend.NAME)
     images, labels = test_set(data)
     evaluation = evaluate(model.predict, images, labels, desc=f"Evaluating {backend.NAME}-fp32")
-    return Baseline(model, evaluation, measure_speed(model.predict, images, evaluation.eval_seconds))
+    return Baseline(model, evaluation, measure_speed(model.predict, images))
 
 
 def evaluation_metrics(evaluation: Evaluation, speed: Speed, model_path: Path) -> dict[str, float]:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
+import io
 import time
 from pathlib import Path
 
@@ -115,8 +117,9 @@ class OnnxRuntimeBackend(Backend):
             calibrate_method=spec.calib.ort_method(),
             extra_options=spec.calib.ort_options(),
         )
-        calibrator.collect_data(ImageReader(calibration_images, spec.calib.batch_size, input_name))
-        tensors_range = calibrator.compute_data()
+        with contextlib.redirect_stdout(io.StringIO()):  # ORT's histogram calibrators print progress lines
+            calibrator.collect_data(ImageReader(calibration_images, spec.calib.batch_size, input_name))
+            tensors_range = calibrator.compute_data()
         save_tensors_data(tensors_range, ranges_path)
         del calibrator
         (workdir / "augmented_model.onnx").unlink(missing_ok=True)
