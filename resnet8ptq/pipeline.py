@@ -64,8 +64,11 @@ def run(cfg: DictConfig, output_dir: Path) -> float:
             **{f"version.{lib}": version for lib, version in backend.versions().items()},
         }
         tracking.set_tags(run_id, context_tags)
-        if not tracking.find_sibling(experiment_id, backend=backend_name, quantized="false"):
-            log_baseline(experiment_id, backend_name, baseline, params, {**tags, **context_tags}, output_dir)
+        with tracking.sweep_lock(f"baseline-{backend_name}"):  # once per sweep, even with parallel jobs
+            if not tracking.find_sibling(experiment_id, backend=backend_name, quantized="false"):
+                log_baseline(
+                    experiment_id, backend_name, baseline, params, {**tags, **context_tags}, output_dir
+                )
 
         # 3. Quantize.
         quantized = backend.quantize(

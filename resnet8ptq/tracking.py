@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import subprocess
+import tempfile
 import time
 import traceback
 import urllib.error
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import mlflow
+from filelock import FileLock
 from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
 from mlflow.entities import Metric, Param, RunStatus, RunTag
@@ -152,6 +154,14 @@ def log_artifacts(run_id: str, files: Iterable[tuple[str, Path]]) -> None:
     client = MlflowClient()
     for artifact_dir, path in files:
         client.log_artifact(run_id, str(path), artifact_dir or None)
+
+
+def sweep_lock(name: str) -> contextlib.AbstractContextManager:
+    """A lock shared by the jobs of the current sweep on this machine (parallel launchers), else a no-op."""
+    parent = os.environ.get(PARENT_RUN_ENV)
+    if parent is None:
+        return contextlib.nullcontext()
+    return FileLock(Path(tempfile.gettempdir()) / f"resnet8ptq-{parent}-{name}.lock")
 
 
 def find_sibling(experiment_id: str, **tags: str) -> str | None:
