@@ -34,6 +34,9 @@ lint: $(DEPS)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
+report: $(DEPS)  ## comparison report of the newest sweep (Markdown + HTML under its runs/ directory)
+	$(BIN)/python -m resnet8ptq.report
+
 bench: $(DEPS)  ## benchmark figures (prints them)
 	$(BIN)/python bench/sweep_overhead.py
 

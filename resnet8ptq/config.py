@@ -49,6 +49,12 @@ class MlflowConfig:
 
 
 @dataclass
+class ReportConfig:
+    enabled: bool = True
+    max_drop_points: float = 5.0
+
+
+@dataclass
 class Config:
     backend: Any = MISSING  # each backend's own options; `name` selects the implementation
     dtype: DtypeConfig = field(default_factory=DtypeConfig)
@@ -58,6 +64,7 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     cache_dir: str = MISSING
     mlflow: MlflowConfig = field(default_factory=MlflowConfig)
+    report: ReportConfig = field(default_factory=ReportConfig)
 
 
 ConfigStore.instance().store(name="base_config", node=Config)

@@ -179,11 +179,15 @@ class SweepRunCallback(Callback):
     """Hydra callback: one MLflow parent run per invocation (single run or sweep); jobs log under it.
 
     The parent is ended FINISHED when every child finished, FAILED otherwise, also when the sweep
-    aborts with an exception (an atexit hook), so it is never left RUNNING.
+    aborts with an exception (an atexit hook), so it is never left RUNNING. Then the comparison report
+    (`resnet8ptq.report`, settings `report.enabled` and `report.max_drop_points`) is written into the
+    run/sweep directory and logged to the parent; a report that fails only logs a warning.
     """
 
     def __init__(self) -> None:
         self._run_id: str | None = None
+        self._report_enabled = True
+        self._max_drop_points = 5.0
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         self._start(config, Path(config.hydra.run.dir), "run")
@@ -212,6 +216,8 @@ class SweepRunCallback(Callback):
             },
         )
         self._run_id = run.info.run_id
+        self._report_enabled = bool(OmegaConf.select(config, "report.enabled", default=True))
+        self._max_drop_points = float(OmegaConf.select(config, "report.max_drop_points", default=5.0))
         os.environ[PARENT_RUN_ENV] = self._run_id
         atexit.register(self._end)
         log.info("MLflow sweep run %s (experiment %s)", self._run_id, config.mlflow.experiment)
@@ -226,3 +232,14 @@ class SweepRunCallback(Callback):
         children = client.search_runs([experiment_id], f"tags.mlflow.parentRunId = '{run_id}'")
         ok = bool(children) and all(child.info.status == "FINISHED" for child in children)
         client.set_terminated(run_id, RunStatus.to_string(RunStatus.FINISHED if ok else RunStatus.FAILED))
+        if self._report_enabled:
+            self._report(run_id)
+
+    def _report(self, run_id: str) -> None:
+        """Write and log the comparison report of this invocation; a failure is logged, never raised."""
+        try:
+            from resnet8ptq.report import write_report  # matplotlib: only imported when reporting
+
+            write_report(run_id, max_drop_points=self._max_drop_points)
+        except Exception as err:
+            log.warning("Comparison report for MLflow run %s failed: %s", run_id, err, exc_info=True)

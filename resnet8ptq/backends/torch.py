@@ -1,0 +1,747 @@
+"""PyTorch backend: onnx2torch FP32 model, torchao PT2E static quantization, torch.export ``.pt2`` files.
+
+Flow: ONNX → onnx2torch GraphModule (Reshape made static so torch.export can trace it) → torch.export →
+``prepare_pt2e`` with :class:`~torchao.quantization.pt2e.quantizer.X86InductorQuantizer` and a custom
+QuantizationConfig → calibration → ``convert_pt2e`` → torch.export → ``torch.export.save``.
+
+Calibration means what it means in the ONNX Runtime backend: every activation observer hands its tensor to
+:class:`resnet8ptq.calibration.RangeCollector` (ORT's MinMax / HistogramCollector algorithms) and turns the
+range into scale/zero point with ORT's ``compute_scale_zp``; weights get plain min/max, symmetric for int8
+and asymmetric for uint8 (ORT's ``WeightSymmetric`` default).
+
+Execution is "simulated" (the converted program run eagerly: float quantize/dequantize, exact quantized
+numerics) unless ``TorchBackend(native=True)`` asks for inductor's x86 integer kernels, which are used only
+when inductor lowers every conv/linear to a oneDNN int8 kernel and the result matches the simulated model.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import fx
+from torchao.quantization.pt2e.observer import UniformQuantizationObserverBase
+from torchao.quantization.pt2e.quantizer import QuantizationConfig, QuantizationSpec, SharedQuantizationSpec
+from torchao.quantization.pt2e.quantizer.x86_inductor_quantizer import (
+    QUANT_ANNOTATION_KEY,
+    X86InductorQuantizer,
+    _X86InductorQuantizationAnnotation,
+)
+
+from resnet8ptq.backends.base import Backend, Model, Predictor, QuantizedModel, QuantSpec, TensorRange
+from resnet8ptq.calibration import CalibSpec, RangeCollector, batches
+
+log = logging.getLogger(__name__)
+
+PREDICT_BATCH = 500
+"""Images per forward pass in a predictor (bounds activation memory for large inputs)."""
+EXAMPLE_BATCH = 2
+"""Images in the example input given to torch.export (batch 1 would specialise the batch dimension)."""
+NATIVE_TOLERANCE = 0.003
+"""Largest accuracy gap (fraction) between native and simulated execution before native is rejected."""
+
+_QDTYPES = {"int8": torch.int8, "uint8": torch.uint8}
+
+
+# --------------------------------------------------------------------------------------------- FP32 model
+
+
+class StaticReshape(torch.nn.Module):
+    """ONNX Reshape with a constant target shape (0 copies the input dimension, -1 is inferred)."""
+
+    def __init__(self, shape: list[int]) -> None:
+        super().__init__()
+        self.shape = tuple(int(d) for d in shape)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.reshape([x.shape[i] if d == 0 else d for i, d in enumerate(self.shape)])
+
+
+def _make_reshapes_static(gm: fx.GraphModule) -> int:
+    """Replace onnx2torch's OnnxReshape (a data-dependent ``torch.any(shape == 0)`` check that breaks
+    torch.export) by :class:`StaticReshape` wherever the shape is a constant. Returns the count replaced."""
+    from onnx2torch.node_converters.reshape import OnnxReshape
+
+    replaced = 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_module" or not isinstance(gm.get_submodule(node.target), OnnxReshape):
+            continue
+        shape_node = node.args[1]
+        if not isinstance(shape_node, fx.Node) or shape_node.op != "get_attr":
+            raise RuntimeError(f"Reshape {node.target}: the target shape is computed, not a constant.")
+        shape = _get_attr(gm, shape_node.target)
+        gm.add_submodule(node.target, StaticReshape(shape.tolist()))
+        node.args = (node.args[0],)
+        replaced += 1
+    gm.graph.eliminate_dead_code()
+    gm.delete_all_unused_submodules()
+    gm.recompile()
+    return replaced
+
+
+def _get_attr(gm: fx.GraphModule, target: str) -> torch.Tensor:
+    owner, _, name = target.rpartition(".")
+    return getattr(gm.get_submodule(owner) if owner else gm, name)
+
+
+def onnx_to_torch(onnx_path: Path) -> fx.GraphModule:
+    """The canonical ONNX model as an eval-mode torch GraphModule that torch.export can trace."""
+    import onnx
+    from onnx2torch import convert
+
+    gm = convert(onnx.load(str(onnx_path))).eval()
+    _make_reshapes_static(gm)
+    for tensor in [*gm.parameters(), *gm.buffers()]:
+        tensor.data = tensor.data.contiguous()  # onnx2torch transposes Gemm weights into a view
+        tensor.requires_grad_(False)
+    return gm
+
+
+def export(module: torch.nn.Module, example: tuple[torch.Tensor]) -> torch.export.ExportedProgram:
+    """torch.export with a dynamic batch dimension."""
+    batch = torch.export.Dim("batch", min=1, max=1 << 16)
+    return torch.export.export(module, example, dynamic_shapes=({0: batch},))
+
+
+def make_predictor(module: Any, batch_size: int = PREDICT_BATCH) -> Predictor:
+    """NHWC float32 numpy → probabilities numpy, batch by batch under inference mode."""
+
+    def predict(images: np.ndarray) -> np.ndarray:
+        images = np.asarray(images, dtype=np.float32)
+        outputs = []
+        with torch.inference_mode():
+            for start in range(0, len(images), batch_size):
+                chunk = torch.from_numpy(np.ascontiguousarray(images[start : start + batch_size]))
+                outputs.append(module(chunk).numpy())
+        return np.concatenate(outputs) if outputs else np.zeros((0, 10), np.float32)
+
+    return predict
+
+
+def load_program(path: Path) -> torch.export.ExportedProgram:
+    """Load a ``.pt2``; imports torchao's PT2E module first so the quantized ops are registered."""
+    import torchao.quantization.pt2e  # noqa: F401  (registers quantized_decomposed ops)
+
+    return torch.export.load(str(path))
+
+
+def load_quantized(path: str | Path) -> Predictor:
+    """A predictor for a ``.pt2`` saved by :class:`TorchBackend` (FP32 or quantized)."""
+    return make_predictor(load_program(Path(path)).module())
+
+
+# ------------------------------------------------------------------------------------------- observers
+
+
+def _ort_qrange(dtype: torch.dtype, symmetric: bool) -> tuple[np.ndarray, np.ndarray]:
+    """ORT's (qmin, qmax) for a dtype: int8 symmetric is [-127, 127], otherwise the full range."""
+    from onnx import TensorProto
+    from onnxruntime.quantization.quant_utils import get_qmin_qmax_for_qType
+
+    qtype = TensorProto.INT8 if dtype == torch.int8 else TensorProto.UINT8
+    return get_qmin_qmax_for_qType(qtype, symmetric=symmetric)
+
+
+def ort_scale_zero_point(rmin: float, rmax: float, dtype: torch.dtype, symmetric: bool) -> tuple[float, int]:
+    """Scale and zero point exactly as ORT's ``compute_scale_zp`` (the range is extended to include 0)."""
+    from onnxruntime.quantization.quant_utils import compute_scale_zp
+
+    qmin, qmax = _ort_qrange(dtype, symmetric)
+    zero_point, scale = compute_scale_zp(
+        np.array(rmin, np.float32), np.array(rmax, np.float32), qmin, qmax, symmetric
+    )
+    return float(scale), int(zero_point)
+
+
+class OrtActivationObserver(UniformQuantizationObserverBase):
+    """Per-tensor affine activation observer whose range is computed by :class:`RangeCollector`."""
+
+    def __init__(self, calib: CalibSpec, dtype: torch.dtype = torch.uint8, **kwargs: Any) -> None:
+        qmin, qmax = _ort_qrange(dtype, symmetric=False)  # ORT: ActivationSymmetric defaults to False
+        kwargs.update(quant_min=int(qmin), quant_max=int(qmax), qscheme=torch.per_tensor_affine)
+        kwargs.pop("ch_axis", None)
+        super().__init__(dtype=dtype, **kwargs)
+        self.collector = RangeCollector(calib)
+        self._range: tuple[float, float] | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.collector.add(x.detach().float().cpu().numpy())
+        self._range = None
+        return x
+
+    def compute_range(self) -> tuple[float, float]:
+        """The calibrated (min, max) of the observed tensor (computed once, then cached)."""
+        if self._range is None:
+            self._range = self.collector.compute()
+        return self._range
+
+    def calculate_qparams(self) -> tuple[torch.Tensor, torch.Tensor]:
+        scale, zero_point = ort_scale_zero_point(*self.compute_range(), self.dtype, symmetric=False)
+        return torch.tensor([scale], dtype=torch.float32), torch.tensor([zero_point], dtype=torch.int64)
+
+
+class OrtWeightObserver(UniformQuantizationObserverBase):
+    """Weight min/max observer, per tensor or per channel (``ch_axis``), with ORT's symmetry rule."""
+
+    def __init__(
+        self,
+        dtype: torch.dtype = torch.int8,
+        per_channel: bool = False,
+        ch_axis: int = 0,
+        **kwargs: Any,
+    ) -> None:
+        symmetric = dtype == torch.int8  # ORT: WeightSymmetric defaults to True for signed types only
+        qmin, qmax = _ort_qrange(dtype, symmetric)
+        kwargs.update(quant_min=int(qmin), quant_max=int(qmax))
+        # Per-tensor weights are stored as per-channel vectors repeating one scale/zero point: the same
+        # numbers, in the form inductor's x86 int8 conv/linear lowering matches (it needs per-channel ops).
+        kwargs["qscheme"] = torch.per_channel_symmetric if symmetric else torch.per_channel_affine
+        super().__init__(dtype=dtype, **kwargs)
+        self.symmetric = symmetric
+        self.per_channel = per_channel
+        self.ch_axis = ch_axis
+        self.min_val: torch.Tensor | None = None
+        self.max_val: torch.Tensor | None = None
+
+    def forward(self, w: torch.Tensor) -> torch.Tensor:
+        values = w.detach().float()
+        channels = values.shape[self.ch_axis]
+        if self.per_channel:
+            values = values.transpose(0, self.ch_axis).flatten(1)
+            self.min_val, self.max_val = values.amin(dim=1), values.amax(dim=1)
+        else:
+            self.min_val, self.max_val = values.min().expand(channels), values.max().expand(channels)
+        return w
+
+    def calculate_qparams(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.min_val is None or self.max_val is None:
+            raise RuntimeError("The weight observer never saw its weight; run calibration first.")
+        pairs = [
+            ort_scale_zero_point(lo, hi, self.dtype, self.symmetric)
+            for lo, hi in zip(self.min_val.tolist(), self.max_val.tolist(), strict=True)
+        ]
+        scales = torch.tensor([p[0] for p in pairs], dtype=torch.float32)
+        zero_points = torch.tensor([p[1] for p in pairs], dtype=torch.int64)
+        return scales, zero_points
+
+
+class SharedObserver(UniformQuantizationObserverBase):
+    """A second use of a shared observer (e.g. an average pool's output, which takes its input's
+    parameters, like ORT's QDQDirect8BitOp): it passes values through and defers to the first use, so
+    the shared range is calibrated on the first tensor only, as ORT calibrates it."""
+
+    def __init__(self, primary: OrtActivationObserver) -> None:
+        super().__init__(
+            dtype=primary.dtype,
+            qscheme=primary.qscheme,
+            quant_min=primary.quant_min,
+            quant_max=primary.quant_max,
+        )
+        self._primary = (primary,)  # a tuple, so the primary is not registered as a child module
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    def calculate_qparams(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._primary[0].calculate_qparams()
+
+
+def split_shared_observers(prepared: fx.GraphModule) -> int:
+    """Give every use of a shared activation observer but the first a :class:`SharedObserver`."""
+    first_use: dict[int, str] = {}
+    split = 0
+    for node in prepared.graph.nodes:
+        if node.op != "call_module":
+            continue
+        module = prepared.get_submodule(node.target)
+        if not isinstance(module, OrtActivationObserver):
+            continue
+        if id(module) in first_use:
+            setattr(prepared, node.target, SharedObserver(module))
+            split += 1
+        else:
+            first_use[id(module)] = node.target
+    return split
+
+
+# ----------------------------------------------------------------------------------------- quantizer
+
+
+def quantization_config(spec: QuantSpec) -> QuantizationConfig:
+    """A QuantizationConfig for X86InductorQuantizer: ORT-style observers in the requested dtypes."""
+    act_dtype, weight_dtype = _QDTYPES[spec.activation], _QDTYPES[spec.weight]
+    qmin, qmax = _ort_qrange(act_dtype, symmetric=False)
+    activation = QuantizationSpec(
+        dtype=act_dtype,
+        quant_min=int(qmin),
+        quant_max=int(qmax),
+        qscheme=torch.per_tensor_affine,
+        observer_or_fake_quant_ctr=OrtActivationObserver.with_args(calib=spec.calib),
+    )
+    wmin, wmax = _ort_qrange(weight_dtype, symmetric=weight_dtype == torch.int8)
+    # X86InductorQuantizer accepts only *symmetric* weight qschemes in the spec; the observer sets the
+    # effective one (affine for uint8, as ORT does), and convert_pt2e reads it from the observer.
+    weight = QuantizationSpec(
+        dtype=weight_dtype,
+        quant_min=int(wmin),
+        quant_max=int(wmax),
+        qscheme=torch.per_channel_symmetric if spec.per_channel else torch.per_tensor_symmetric,
+        ch_axis=0 if spec.per_channel else None,
+        observer_or_fake_quant_ctr=OrtWeightObserver.with_args(per_channel=spec.per_channel, ch_axis=0),
+    )
+    return QuantizationConfig(activation, activation, weight, None, is_qat=False)
+
+
+def _is_zero_pad(node: fx.Node) -> bool:
+    if node.op != "call_function" or node.target != torch.ops.aten.pad.default:
+        return False
+    mode = node.args[2] if len(node.args) > 2 else node.kwargs.get("mode", "constant")
+    value = node.args[3] if len(node.args) > 3 else node.kwargs.get("value", 0.0)
+    return mode == "constant" and not value
+
+
+class OrtAlignedX86Quantizer(X86InductorQuantizer):
+    """X86InductorQuantizer, except that a zero pad feeding a quantized op is quantized with its input's
+    parameters. onnx2torch splits ONNX's asymmetric Conv padding into pad + conv; ORT calibrates the
+    Conv input (the unpadded tensor), so the torch range must come from the unpadded tensor too."""
+
+    def annotate(self, model: fx.GraphModule) -> fx.GraphModule:
+        super().annotate(model)
+        for pad in [n for n in model.graph.nodes if _is_zero_pad(n)]:
+            self._share_through_pad(pad)
+        return model
+
+    @staticmethod
+    def _share_through_pad(pad: fx.Node) -> None:
+        if pad.meta.get(QUANT_ANNOTATION_KEY) is not None:
+            return  # the X86 recipe annotated it itself
+        source = pad.args[0]
+        for user in pad.users:
+            annotation = user.meta.get(QUANT_ANNOTATION_KEY)
+            qspec = annotation.input_qspec_map.get(pad) if annotation else None
+            if not isinstance(qspec, QuantizationSpec):
+                continue
+            pad.meta.setdefault(
+                QUANT_ANNOTATION_KEY,
+                _X86InductorQuantizationAnnotation(input_qspec_map={source: qspec}, _annotated=True),
+            )
+            annotation.input_qspec_map[pad] = SharedQuantizationSpec((source, pad))
+
+
+def make_quantizer(spec: QuantSpec) -> OrtAlignedX86Quantizer:
+    """X86InductorQuantizer (conv/linear/add/relu fusion patterns) with the spec's config."""
+    return OrtAlignedX86Quantizer().set_global(quantization_config(spec))
+
+
+# --------------------------------------------------------------------------------------- calibration
+
+
+def _module_path(node: fx.Node) -> str | None:
+    """The onnx2torch module (= ONNX node name) a traced node came from."""
+    stack = node.meta.get("nn_module_stack") or {}
+    return next(reversed(stack.values()))[0] if stack else None
+
+
+def _tensor_name(node: fx.Node, onnx_outputs: dict[str, str]) -> str:
+    """The ONNX tensor a graph node computes (e.g. ``model_1/activation_1/Relu:0``), else the node name."""
+    path = _module_path(node)
+    return onnx_outputs.get(path, f"{path}:{node.name}" if path else node.name)
+
+
+def activation_observers(prepared: fx.GraphModule, onnx_path: Path) -> dict[str, OrtActivationObserver]:
+    """The prepared model's activation observers, keyed by the ONNX tensor each one observes."""
+    import onnx
+
+    graph = onnx.load(str(onnx_path), load_external_data=False).graph
+    onnx_outputs = {n.name: n.output[0] for n in graph.node}
+    observers: dict[str, OrtActivationObserver] = {}
+    seen: set[int] = set()
+    for node in prepared.graph.nodes:
+        if node.op != "call_module":
+            continue
+        module = prepared.get_submodule(node.target)
+        if isinstance(module, OrtActivationObserver) and id(module) not in seen:
+            seen.add(id(module))
+            observers[_tensor_name(node.args[0], onnx_outputs)] = module
+    return observers
+
+
+def calibrate(prepared: fx.GraphModule, images: np.ndarray, calib: CalibSpec) -> None:
+    """Run the calibration batches (``calibration.batches`` order) through the observed model."""
+    from tqdm import tqdm
+
+    total = math.ceil(len(images) / calib.batch_size)
+    with torch.no_grad():
+        for batch in tqdm(batches(images, calib.batch_size), total=total, desc="calibrate", unit="batch"):
+            prepared(torch.from_numpy(np.ascontiguousarray(batch, dtype=np.float32)))
+
+
+def compute_ranges(observers: dict[str, OrtActivationObserver]) -> list[TensorRange]:
+    """Each observer's calibrated range (entropy/percentile histograms are evaluated here)."""
+    return [TensorRange(name, *obs.compute_range()) for name, obs in observers.items()]
+
+
+# ------------------------------------------------------------------------------------- saved program
+
+
+def drop_unused_attributes(gm: fx.GraphModule) -> int:
+    """Delete parameters/buffers no node reads (convert_pt2e leaves the float weights behind, and
+    torch.export would save them: the file would hold the FP32 model too). Returns the count deleted."""
+    used = {node.target for node in gm.graph.nodes if node.op == "get_attr"}
+    names = [n for n, _ in gm.named_parameters()] + [n for n, _ in gm.named_buffers()]
+    dropped = 0
+    for name in names:
+        if name not in used:
+            owner, _, attr = name.rpartition(".")
+            delattr(gm.get_submodule(owner) if owner else gm, attr)
+            dropped += 1
+    return dropped
+
+
+def _qdq_op(node: fx.Node) -> str | None:
+    """``quantize_per_tensor``, ``dequantize_per_channel``, ... for a quantized_decomposed op, else None."""
+    target = node.target
+    if node.op == "call_function" and getattr(target, "namespace", None) == "quantized_decomposed":
+        return target._opname
+    return None
+
+
+def qdq_counts(gm: fx.GraphModule) -> Counter[str]:
+    """How many quantize/dequantize ops of each kind the graph holds."""
+    return Counter(op for node in gm.graph.nodes if (op := _qdq_op(node)))
+
+
+def _is_constant_input(program: torch.export.ExportedProgram, node: fx.Node) -> bool:
+    """True for a placeholder that is a parameter/buffer/constant rather than the user input."""
+    return node.op == "placeholder" and node.name not in program.graph_signature.user_inputs
+
+
+def _dtype_arg(node: fx.Node) -> str:
+    dtype = node.kwargs.get("dtype", node.args[-1])
+    if not isinstance(dtype, torch.dtype):
+        raise RuntimeError(f"{node.name}: no dtype argument in {node.args}.")
+    return str(dtype).removeprefix("torch.")
+
+
+def weight_dequantizes(program: torch.export.ExportedProgram) -> list[fx.Node]:
+    """Dequantize ops whose input is a stored (folded) integer constant: the quantized weights."""
+    return [
+        node
+        for node in program.graph.nodes
+        if (op := _qdq_op(node)) and op.startswith("dequantize") and _is_constant_input(program, node.args[0])
+    ]
+
+
+def _stored_tensor(program: torch.export.ExportedProgram, node: fx.Node) -> torch.Tensor:
+    """The parameter/buffer/constant a placeholder of the program stands for."""
+    sig = program.graph_signature
+    for mapping in (sig.inputs_to_parameters, sig.inputs_to_buffers):
+        if node.name in mapping:
+            return program.state_dict[mapping[node.name]]
+    return program.constants[sig.inputs_to_lifted_tensor_constants[node.name]]
+
+
+def weight_granularity(program: torch.export.ExportedProgram) -> str:
+    """Whether some weight has distinct scales across channels ("per-channel") or none ("per-tensor")."""
+    for node in weight_dequantizes(program):
+        scale = node.args[1]
+        if isinstance(scale, fx.Node) and _stored_tensor(program, scale).unique().numel() > 1:
+            return "per-channel"
+    return "per-tensor"
+
+
+def effective_dtypes(program: torch.export.ExportedProgram) -> tuple[str, str]:
+    """(activation, weight) dtypes read from the program's quantize/dequantize ops.
+
+    Activations: the dtype of every runtime ``quantize_per_tensor``. Weights: the dtype of every
+    dequantize whose input is a stored (folded) integer constant. Raises unless each is one dtype.
+    """
+    act = {_dtype_arg(n) for n in program.graph.nodes if _qdq_op(n) == "quantize_per_tensor"}
+    weight = {_dtype_arg(n) for n in weight_dequantizes(program)}
+    if len(act) != 1 or len(weight) != 1:
+        raise RuntimeError(f"Expected one activation and one weight dtype, found {act} and {weight}.")
+    return act.pop(), weight.pop()
+
+
+def _payload_bytes(program: torch.export.ExportedProgram) -> int:
+    """Bytes of the stored tensors (weights, scales, zero points, biases), without the file format."""
+    tensors = [*program.state_dict.values(), *program.constants.values()]
+    return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
+
+
+def _check_quantized(program: torch.export.ExportedProgram) -> Counter[str]:
+    """Fail unless the saved program really quantizes: q/dq ops on activations and on every weight."""
+    counts = qdq_counts(program.graph_module)
+    aten = torch.ops.aten
+    n_weights = _count_targets(program.graph_module, aten.conv2d.default, aten.linear.default)
+    n_weight_dq = len(weight_dequantizes(program))
+    if counts["quantize_per_tensor"] == 0 or counts["dequantize_per_tensor"] == 0 or n_weight_dq < n_weights:
+        raise RuntimeError(
+            f"The converted model is not quantized: {dict(counts)}; {n_weight_dq}/{n_weights} weights "
+            f"dequantized from integers."
+        )
+    return counts
+
+
+# -------------------------------------------------------------------------------------------- native
+
+
+class NativeUnavailable(RuntimeError):
+    """Inductor did not turn the quantized model into integer kernels (after ``seconds`` of trying)."""
+
+    def __init__(self, message: str, seconds: float) -> None:
+        super().__init__(message)
+        self.seconds = seconds
+
+
+def _count_targets(gm: fx.GraphModule, *targets: Any) -> int:
+    return sum(node.op == "call_function" and node.target in targets for node in gm.graph.nodes)
+
+
+def compile_native(module: fx.GraphModule, input_shape: tuple[int, ...]) -> tuple[Predictor, float]:
+    """torch.compile (inductor, freezing) the converted model for batches of PREDICT_BATCH images.
+
+    Returns the predictor and the compile seconds. Raises NativeUnavailable unless inductor packed every
+    conv and linear weight for a oneDNN int8 kernel (its pattern-matcher counters say so).
+    """
+    from torch._dynamo.utils import counters
+
+    aten = torch.ops.aten
+    expected = (_count_targets(module, aten.conv2d.default), _count_targets(module, aten.linear.default))
+    torch._dynamo.reset()  # a fresh cache: no recompile limit reached across many quantize() calls
+    counters.clear()
+    start = time.perf_counter()
+    compiled = torch.compile(module, dynamic=False)
+    with torch._inductor.config.patch(freezing=True), torch.inference_mode():
+        try:
+            compiled(torch.zeros((PREDICT_BATCH, *input_shape)))
+        except Exception as err:  # inductor raises many types when a kernel refuses a dtype
+            message = f"inductor failed: {type(err).__name__}: {str(err)[:200]}"
+            raise NativeUnavailable(message, time.perf_counter() - start) from err
+    seconds = time.perf_counter() - start
+    packed = (
+        counters["inductor"]["qconv_weight_prepack_matcher_count"],
+        counters["inductor"]["qlinear_weight_prepack_matcher_count"],
+    )
+    if packed != expected:
+        raise NativeUnavailable(
+            f"inductor lowered {packed[0]}/{expected[0]} conv and {packed[1]}/{expected[1]} linear ops to "
+            f"int8 kernels",
+            seconds,
+        )
+    with torch._inductor.config.patch(freezing=True), torch.inference_mode():
+        compiled(torch.zeros((1, *input_shape)))  # a second specialisation, for single-image latency
+    return _padded_predictor(compiled, input_shape), time.perf_counter() - start
+
+
+def _padded_predictor(compiled: Any, input_shape: tuple[int, ...]) -> Predictor:
+    """Feed the compiled model single images or fixed PREDICT_BATCH batches (zero-padded), the two shapes
+    it was compiled for, so it never recompiles."""
+
+    def predict(images: np.ndarray) -> np.ndarray:
+        images = np.asarray(images, dtype=np.float32)
+        outputs = []
+        with torch._inductor.config.patch(freezing=True), torch.inference_mode():
+            if len(images) == 1:
+                return compiled(torch.from_numpy(images)).numpy()
+            for start in range(0, len(images), PREDICT_BATCH):
+                chunk = images[start : start + PREDICT_BATCH]
+                batch = torch.zeros((PREDICT_BATCH, *input_shape))
+                batch[: len(chunk)] = torch.from_numpy(chunk)
+                outputs.append(compiled(batch)[: len(chunk)].numpy())
+        return np.concatenate(outputs) if outputs else np.zeros((0, 10), np.float32)
+
+    return predict
+
+
+def accuracy(predict: Predictor, images: np.ndarray, labels: np.ndarray) -> float:
+    """Top-1 accuracy of a predictor."""
+    return float(np.mean(predict(images).argmax(axis=1) == np.asarray(labels)))
+
+
+# ----------------------------------------------------------------------------------------- backend
+
+
+def _input_shape(onnx_path: Path) -> tuple[int, ...]:
+    """The model input's per-image shape (32, 32, 3), read from the ONNX graph."""
+    import onnx
+
+    graph = onnx.load(str(onnx_path), load_external_data=False).graph
+    dims = graph.input[0].type.tensor_type.shape.dim[1:]
+    return tuple(int(d.dim_value) for d in dims)
+
+
+def _example(input_shape: tuple[int, ...]) -> tuple[torch.Tensor]:
+    """A small self-contained example input for torch.export (never a view of a large tensor)."""
+    return (torch.zeros((EXAMPLE_BATCH, *input_shape)),)
+
+
+_DEBUG_META = ("stack_trace", "from_node", "nn_module_stack", "source_fn_stack", "torch_fn", "custom")
+
+
+def _save(program: torch.export.ExportedProgram, path: Path) -> torch.export.ExportedProgram:
+    """Save a program and load it back: what callers run and inspect is exactly the file.
+
+    The sample inputs and the per-node debug metadata (stack traces, provenance) are left out, for the
+    FP32 and the quantized model alike, so the file size is the program and its weights.
+    """
+    program.example_inputs = None
+    for node in program.graph.nodes:
+        for key in _DEBUG_META:
+            node.meta.pop(key, None)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.export.save(program, str(path))
+    return load_program(path)
+
+
+class TorchBackend(Backend):
+    """onnx2torch + torchao PT2E (X86InductorQuantizer, ORT-equivalent observers), torch.export files.
+
+    ``native=True`` (default) tries inductor's x86 integer kernels for uint8-activation/int8-weight models
+    and keeps them only if they match the simulated model on the verification set; ``native=False``
+    always runs the simulated (eager quantize/dequantize) model and skips the compile.
+    """
+
+    NAME = "torch"
+
+    def __init__(self, native: bool = True, tolerance: float = NATIVE_TOLERANCE) -> None:
+        self.native = native
+        self.tolerance = tolerance
+
+    def load_fp32(self, onnx_path: Path, workdir: Path) -> Model:
+        """onnx2torch conversion, exported and saved as ``model_fp32.pt2``."""
+        module = onnx_to_torch(onnx_path)
+        program = _save(export(module, _example(_input_shape(onnx_path))), Path(workdir) / "model_fp32.pt2")
+        return Model(predict=make_predictor(program.module()), path=Path(workdir) / "model_fp32.pt2")
+
+    def quantize(
+        self,
+        fp32: Model,
+        onnx_path: Path,
+        calibration_images: np.ndarray,
+        spec: QuantSpec,
+        workdir: Path,
+        *,
+        verify_images: np.ndarray | None = None,
+        verify_labels: np.ndarray | None = None,
+    ) -> QuantizedModel:
+        """PT2E static quantization; saves ``model_quantized.pt2`` and picks native or simulated execution.
+
+        ``fp32`` is not reused: prepare_pt2e rewrites the graph it is given, so the model is rebuilt from
+        ``onnx_path``. ``verify_images``/``verify_labels`` (the test set) are needed to trust native kernels.
+        """
+        from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+        start = time.perf_counter()
+        input_shape = _input_shape(onnx_path)
+        example = _example(input_shape)
+        prepared = prepare_pt2e(export(onnx_to_torch(onnx_path), example).module(), make_quantizer(spec))
+        split_shared_observers(prepared)
+        observers = activation_observers(prepared, onnx_path)
+        calib_start = time.perf_counter()
+        calibrate(prepared, calibration_images, spec.calib)
+        ranges = compute_ranges(observers)
+        calib_seconds = time.perf_counter() - calib_start
+        converted = convert_pt2e(prepared)
+        drop_unused_attributes(converted)
+        path = Path(workdir) / "model_quantized.pt2"
+        program = _save(export(converted, example), path)
+        counts = _check_quantized(program)
+        activation_dtype, weight_dtype = effective_dtypes(program)
+        quantize_seconds = time.perf_counter() - start
+
+        verify = None if verify_images is None or verify_labels is None else (verify_images, verify_labels)
+        execution = self._execution(program, input_shape, (activation_dtype, weight_dtype), verify)
+        log.info(
+            "torch %s/%s model runs %s: %s", activation_dtype, weight_dtype, execution.kind, execution.reason
+        )
+        return QuantizedModel(
+            predict=execution.predict,
+            path=path,
+            activation_dtype=activation_dtype,
+            weight_dtype=weight_dtype,
+            execution=execution.kind,
+            ranges=ranges,
+            calib_seconds=calib_seconds,
+            quantize_seconds=quantize_seconds,
+            metrics={
+                **execution.metrics,
+                **{f"{op}_ops": float(n) for op, n in counts.items()},
+                "weights_bytes": float(_payload_bytes(program)),
+            },
+            tags={
+                "execution_reason": execution.reason,
+                "weight_granularity": weight_granularity(program),
+                "quantizer": "torchao.pt2e.X86InductorQuantizer+ORT-observers",
+            },
+        )
+
+    def _execution(
+        self,
+        program: torch.export.ExportedProgram,
+        input_shape: tuple[int, ...],
+        dtypes: tuple[str, str],
+        verify: tuple[np.ndarray, np.ndarray] | None,
+    ) -> _Execution:
+        """Native integer kernels when available and verified, else the simulated program."""
+        simulated = _Execution(
+            make_predictor(program.module()), "simulated", metrics={"compile_seconds": 0.0}
+        )
+        if not self.native:
+            return simulated.because("native execution disabled (TorchBackend(native=False))")
+        if dtypes != ("uint8", "int8"):
+            return simulated.because(
+                f"x86 integer kernels (oneDNN via inductor) need uint8 activations and int8 weights, "
+                f"not {dtypes[0]}/{dtypes[1]}; ran the PT2E quantize/dequantize program eagerly"
+            )
+        if verify is None:
+            return simulated.because("native kernels not used: no verification set to check them against")
+        try:
+            native, seconds = compile_native(program.module(), input_shape)
+        except NativeUnavailable as err:
+            simulated.metrics["compile_seconds"] = err.seconds
+            return simulated.because(f"native kernels unavailable ({err}); ran the q/dq program eagerly")
+        simulated.metrics["compile_seconds"] = seconds
+        return self._verified(native, simulated, verify)
+
+    def _verified(
+        self, native: Predictor, simulated: _Execution, verify: tuple[np.ndarray, np.ndarray]
+    ) -> _Execution:
+        sim_acc, native_acc = accuracy(simulated.predict, *verify), accuracy(native, *verify)
+        metrics = {**simulated.metrics, "simulated_accuracy": sim_acc, "native_accuracy": native_acc}
+        simulated.metrics = metrics
+        gap = f"native {native_acc:.4f} vs simulated {sim_acc:.4f} on {len(verify[1])} verification images"
+        if abs(native_acc - sim_acc) > self.tolerance:
+            return simulated.because(f"native kernels rejected: {gap} (tolerance {self.tolerance:.3f})")
+        reason = f"inductor lowered every conv/linear to oneDNN int8 kernels; {gap}"
+        return _Execution(native, "native", reason, metrics)
+
+    def versions(self) -> dict[str, str]:
+        """torch, torchao, onnx2torch and torchvision versions."""
+        import importlib.metadata
+
+        return {
+            name: importlib.metadata.version(name)
+            for name in ("torch", "torchao", "onnx2torch", "torchvision")
+        }
+
+
+@dataclass
+class _Execution:
+    """How the quantized model runs: a predictor, "native" or "simulated", why, and what it cost."""
+
+    predict: Predictor
+    kind: str
+    reason: str = ""
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    def because(self, reason: str) -> _Execution:
+        self.reason = reason
+        return self
