@@ -7,6 +7,8 @@ import importlib.metadata
 import json
 import logging
 import os
+import subprocess
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +16,8 @@ from pathlib import Path
 from resnet8ptq.fetch import FetchError, download, sha256_of
 
 log = logging.getLogger(__name__)
+
+PACKAGE_ROOT = Path(__file__).resolve().parents[1]
 
 MODEL_URL = (
     "https://github.com/mlcommons/tiny/raw/master/benchmark/training/image_classification/"
@@ -129,7 +133,26 @@ def canonical_onnx(h5: Path, h5_sha256: str, cache_dir: Path) -> CanonicalModel:
 
 
 def _keras_to_onnx(h5: Path, out: Path) -> None:
-    """tf2onnx conversion; TensorFlow is imported here and nowhere else."""
+    """tf2onnx conversion in a child process: TensorFlow never shares a process with the runner (in one
+    process with PyTorch it crashed the PyTorch backend), and it stays out of every run's imports."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(PACKAGE_ROOT), os.environ.get("PYTHONPATH")])),
+    }
+    result = subprocess.run(
+        [sys.executable, "-m", "resnet8ptq.model", str(h5), str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if result.returncode != 0 or not out.is_file():
+        lines = [line for line in result.stderr.splitlines() if line.strip()]
+        raise ModelError(f"Converting {h5} to ONNX failed: {lines[-1] if lines else 'no output'}")
+
+
+def keras_to_onnx_in_this_process(h5: Path, out: Path) -> None:
+    """tf2onnx conversion (imports TensorFlow)."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import onnx
     import tensorflow as tf
@@ -160,3 +183,10 @@ def save_onnx(model, path: Path) -> None:
 
     model.ir_version = min(model.ir_version, MAX_IR_VERSION)
     onnx.save(model, path)
+
+
+if __name__ == "__main__":  # the conversion child process: python -m resnet8ptq.model H5 OUT
+    try:
+        keras_to_onnx_in_this_process(Path(sys.argv[1]), Path(sys.argv[2]))
+    except ModelError as error:
+        sys.exit(f"ModelError: {error}")

@@ -13,14 +13,16 @@ from omegaconf import DictConfig, OmegaConf
 
 from resnet8ptq import tracking
 from resnet8ptq.backends import get_backend
-from resnet8ptq.backends.base import Backend, Model, QuantizedModel
+from resnet8ptq.backends.base import Backend, LayerError, Model, QuantizedModel
 from resnet8ptq.config import quant_spec
 from resnet8ptq.data import CLASS_NAMES, Cifar10, calibration_set, load_cifar10, to_model_input
 from resnet8ptq.evaluate import Evaluation, Speed, evaluate, measure_speed
 from resnet8ptq.model import CanonicalModel, canonical_onnx, resolve_h5
-from resnet8ptq.plots import class_accuracy_png, confusion_matrix_png
+from resnet8ptq.plots import class_accuracy_png, confusion_matrix_png, layer_sqnr_png
 
 log = logging.getLogger(__name__)
+
+LAYER_ERROR_IMAGES = 200  # calibration images used for the per-layer SQNR analysis
 
 
 @dataclass(frozen=True)
@@ -85,9 +87,16 @@ def run(cfg: DictConfig, output_dir: Path) -> float:
         evaluation = evaluate(quantized.predict, test_images, test_labels, desc=f"Evaluating {run_name}")
         speed = measure_speed(quantized.predict, test_images)
         log.info("%s: accuracy %.4f (FP32 %.4f)", run_name, evaluation.accuracy, baseline.evaluation.accuracy)
+        layer_errors = backend.layer_errors(
+            baseline.model,
+            quantized,
+            canonical.onnx_path,
+            calibration_images[:LAYER_ERROR_IMAGES],
+            output_dir / "layer_errors",
+        )
 
         # 5. Log.
-        log_quantized(run_id, cfg, quantized, evaluation, speed, baseline, output_dir)
+        log_quantized(run_id, run_name, cfg, quantized, evaluation, speed, baseline, layer_errors, output_dir)
     return evaluation.accuracy
 
 
@@ -200,26 +209,48 @@ def log_baseline(
         tracking.log_artifacts(run_id, [*files, ("model", baseline.model.path)])
 
 
+def layer_error_files(layer_errors: list[LayerError], out_dir: Path, title: str) -> list[tuple[str, Path]]:
+    """Per-layer SQNR as CSV and bar chart (worst first)."""
+    table = pd.DataFrame([vars(e) for e in layer_errors]).sort_values("sqnr_db")
+    csv = out_dir / "layer_sqnr.csv"
+    table.to_csv(csv, index=False)
+    png = layer_sqnr_png(
+        table["layer"].tolist(),
+        table["kind"].tolist(),
+        table["sqnr_db"].to_numpy(),
+        out_dir / "layer_sqnr.png",
+        f"{title}: per-layer SQNR",
+    )
+    return [("analysis", csv), ("analysis", png)]
+
+
 def log_quantized(
     run_id: str,
+    run_name: str,
     cfg: DictConfig,
     quantized: QuantizedModel,
     evaluation: Evaluation,
     speed: Speed,
     baseline: Baseline,
+    layer_errors: list[LayerError],
     output_dir: Path,
 ) -> None:
-    """Everything a quantized run records: metrics, effective dtypes, execution, artifacts."""
-    metrics = evaluation_metrics(evaluation, speed, quantized.path)
+    """Everything a quantized run records: metrics, effective dtypes, execution, layer errors, artifacts."""
     fp32_size = baseline.model.path.stat().st_size
-    metrics.update(
-        accuracy_delta=evaluation.accuracy - baseline.evaluation.accuracy,
-        fp32_size_bytes=fp32_size,
-        size_ratio=metrics["model_size_bytes"] / fp32_size,
-        calib_seconds=quantized.calib_seconds,
-        quantize_seconds=quantized.quantize_seconds,
+    worst = min(layer_errors, key=lambda error: error.sqnr_db)
+    metrics = {
+        **evaluation_metrics(evaluation, speed, quantized.path),
+        "accuracy_delta": evaluation.accuracy - baseline.evaluation.accuracy,
+        "fp32_size_bytes": fp32_size,
+        "size_ratio": quantized.path.stat().st_size / fp32_size,
+        "calib_seconds": quantized.calib_seconds,
+        "quantize_seconds": quantized.quantize_seconds,
+        **{
+            f"sqnr_{kind}_min_db": min(e.sqnr_db for e in layer_errors if e.kind == kind)
+            for kind in {e.kind for e in layer_errors}
+        },
         **quantized.metrics,
-    )
+    }
     tracking.log_metrics(run_id, metrics)
     tracking.set_tags(
         run_id,
@@ -227,17 +258,17 @@ def log_quantized(
             "dtype.activation": quantized.activation_dtype,
             "dtype.weight": quantized.weight_dtype,
             "execution": quantized.execution,
+            "sqnr_worst_layer": f"{worst.layer} ({worst.kind}, {worst.sqnr_db:.1f} dB)",
             **quantized.tags,
         },
     )
     ranges_csv = output_dir / "calibration_ranges.csv"
     pd.DataFrame([vars(r) for r in quantized.ranges]).to_csv(ranges_csv, index=False)
-    run_name = output_dir.name
-    files = evaluation_files(evaluation, output_dir / "evaluation", run_name, baseline.evaluation)
     tracking.log_artifacts(
         run_id,
         [
-            *files,
+            *evaluation_files(evaluation, output_dir / "evaluation", run_name, baseline.evaluation),
+            *layer_error_files(layer_errors, output_dir, run_name),
             ("model", quantized.path),
             ("calibration", ranges_csv),
             ("config", config_file(cfg, output_dir)),

@@ -61,3 +61,26 @@ def class_accuracy_png(
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def layer_sqnr_png(
+    layers: Sequence[str], kinds: Sequence[str], sqnr_db: np.ndarray, path: Path, title: str
+) -> Path:
+    """Horizontal bars of per-layer SQNR (dB), activations and weights in two colours, worst at the top."""
+    order = np.argsort(sqnr_db)[::-1]
+    colors = {"activation": "tab:orange", "weight": "tab:blue"}
+    fig, ax = plt.subplots(figsize=(8, 0.28 * len(layers) + 1.5))
+    positions = np.arange(len(order))
+    shown = np.minimum(sqnr_db[order], 80.0)  # an exactly representable tensor would stretch the axis
+    ax.barh(positions, shown, color=[colors.get(kinds[i], "gray") for i in order])
+    ax.set_yticks(positions)
+    ax.set_yticklabels([f"{layers[i]} ({kinds[i][0]})" for i in order], fontsize=7)
+    for y, value in zip(positions, sqnr_db[order], strict=True):
+        ax.text(min(value, 80.0) + 0.5, y, f"{value:.1f}", va="center", fontsize=7)
+    ax.set(xlabel="SQNR vs FP32 (dB, higher is better; bars cut at 80)", title=title, xlim=(0, 90))
+    handles = [plt.Rectangle((0, 0), 1, 1, color=color) for color in colors.values()]
+    ax.legend(handles, list(colors), loc="upper right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

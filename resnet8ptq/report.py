@@ -62,6 +62,7 @@ EMPTY_COLUMNS = [
     "execution_reason",
     "config_hash",
     "error",
+    "sqnr_worst_layer",
 ]  # fmt: skip  (the columns runs_frame gives every run)
 METRIC_COLUMNS = (
     "accuracy",
@@ -70,6 +71,8 @@ METRIC_COLUMNS = (
     "fp32_size_bytes",
     "throughput_img_s",
     "latency_ms_b1",
+    "sqnr_activation_min_db",
+    "sqnr_weight_min_db",
     *(f"{CLASS_METRIC}{name}" for name in CLASS_NAMES),
 )
 
@@ -110,6 +113,7 @@ def runs_frame(runs: Iterable[Run]) -> pd.DataFrame:
                 "execution_reason": tags.get("execution_reason", ""),
                 "config_hash": tags.get("config_hash", ""),
                 "error": tags.get("error", ""),
+                "sqnr_worst_layer": tags.get("sqnr_worst_layer", ""),
                 **metrics,
             }
         )
@@ -457,7 +461,7 @@ def build(report: Report) -> list[Block]:
         blocks += [("h2", "Comparison"), comparison_rows(table, report.max_drop_points)]
         blocks += execution_notes(table)
     if report.has_results:
-        blocks += per_class_blocks(report) + tradeoff_blocks(report)
+        blocks += per_class_blocks(report) + layer_error_blocks(report.table) + tradeoff_blocks(report)
     blocks.append(("h2", f"Failed runs ({len(report.failed)})"))
     blocks.append(failed_rows(report.failed) if len(report.failed) else ("p", "None: every run finished."))
     return blocks
@@ -526,6 +530,25 @@ def per_class_blocks(report: Report) -> list[Block]:
     heatmap = class_delta_heatmap_png(deltas, report.out_dir / HEATMAP_PNG)
     blocks.append(_image(report, heatmap, "per-class accuracy change vs FP32"))
     return blocks
+
+
+def layer_error_blocks(table: pd.DataFrame) -> list[Block]:
+    """The worst layer of each configuration (per-layer SQNR against FP32; every layer in analysis/)."""
+    quantized = table[table["quantized"] & (table["sqnr_worst_layer"].fillna("") != "")]
+    if quantized.empty:
+        return []
+    quantized = quantized.sort_values("sqnr_activation_min_db", na_position="last")
+    rows = [
+        [r.label, f"{r.sqnr_activation_min_db:.1f}", f"{r.sqnr_weight_min_db:.1f}", r.sqnr_worst_layer]
+        for r in quantized.itertuples()
+    ]
+    note = (
+        "Signal-to-quantization-noise ratio of each layer against the FP32 model on calibration images "
+        "(higher is better; every 6 dB is one bit). Each run's `analysis/layer_sqnr.csv` and "
+        "`layer_sqnr.png` list every layer."
+    )
+    header = ["configuration", "min activation SQNR (dB)", "min weight SQNR (dB)", "worst layer"]
+    return [("h2", "Per-layer error (worst layers)"), ("p", note), Table(header, rows)]
 
 
 def tradeoff_blocks(report: Report) -> list[Block]:

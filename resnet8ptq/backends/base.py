@@ -44,6 +44,15 @@ class TensorRange:
     max: float
 
 
+@dataclass(frozen=True)
+class LayerError:
+    """Signal-to-quantization-noise ratio of one layer's weights or activations against the FP32 model."""
+
+    layer: str
+    kind: str  # "weight" | "activation"
+    sqnr_db: float
+
+
 @dataclass
 class Model:
     """A runnable model and the file it was saved to (its size is the model size)."""
@@ -80,6 +89,12 @@ class Backend(ABC):
         self, fp32: Model, onnx_path: Path, calibration_images: np.ndarray, spec: QuantSpec, workdir: Path
     ) -> QuantizedModel:
         """Calibrate on ``calibration_images`` (NHWC float32) and quantize; save the model under workdir."""
+
+    def layer_errors(
+        self, fp32: Model, quantized: QuantizedModel, onnx_path: Path, images: np.ndarray, workdir: Path
+    ) -> list[LayerError]:
+        """Per-layer SQNR (dB) of the quantized weights and activations against ``fp32``, on ``images``."""
+        raise NotImplementedError(f"backend {self.NAME} has no per-layer error analysis yet")
 
     @abstractmethod
     def versions(self) -> dict[str, str]:

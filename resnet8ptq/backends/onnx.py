@@ -19,15 +19,24 @@ from onnxruntime.quantization import (
     quantize_static,
 )
 from onnxruntime.quantization.calibrate import save_tensors_data
+from onnxruntime.quantization.qdq_loss_debug import (
+    collect_activations,
+    compute_activation_error,
+    compute_weight_error,
+    create_activation_matching,
+    create_weight_matching,
+    modify_model_output_intermediate_tensors,
+)
 from onnxruntime.quantization.registry import QDQRegistry, QLinearOpsRegistry
 from tqdm import tqdm
 
-from resnet8ptq.backends.base import Backend, Model, QuantizedModel, QuantSpec, TensorRange
+from resnet8ptq.backends.base import Backend, LayerError, Model, QuantizedModel, QuantSpec, TensorRange
 from resnet8ptq.calibration import batches
 from resnet8ptq.model import save_onnx
 
 ORT_TYPES = {"int8": QuantType.QInt8, "uint8": QuantType.QUInt8}
 ONNX_DTYPE_NAMES = {onnx.TensorProto.INT8: "int8", onnx.TensorProto.UINT8: "uint8"}
+EVAL_CHUNK = 100
 # The op types quantize_static calibrates and quantizes by default: calibrating the same set here makes
 # the calibration cache we hand it complete.
 OP_TYPES = sorted(set(QLinearOpsRegistry) | set(QDQRegistry))
@@ -36,10 +45,12 @@ OP_TYPES = sorted(set(QLinearOpsRegistry) | set(QDQRegistry))
 class ImageReader(CalibrationDataReader):
     """Feeds calibration images to ORT in fixed, ordered batches (one pass)."""
 
-    def __init__(self, images: np.ndarray, batch_size: int, input_name: str) -> None:
+    def __init__(
+        self, images: np.ndarray, batch_size: int, input_name: str, desc: str = "Calibrating (onnx)"
+    ) -> None:
         self._batches = batches(images, batch_size)
         self._input_name = input_name
-        self._bar = tqdm(total=-(-len(images) // batch_size), desc="Calibrating (onnx)", unit="batch")
+        self._bar = tqdm(total=-(-len(images) // batch_size), desc=desc, unit="batch", leave=False)
 
     def get_next(self) -> dict[str, np.ndarray] | None:
         batch = next(self._batches, None)
@@ -48,6 +59,17 @@ class ImageReader(CalibrationDataReader):
             return None
         self._bar.update()
         return {self._input_name: batch}
+
+
+def _layer_name(tensor: str) -> str:
+    """A readable layer name from a tf2onnx tensor name (model_1/conv2d_5_1/BiasAdd:0 -> conv2d_5_1/BiasAdd,
+    ConvMulFusion_W_model_1/conv2d_1/convolution/ReadVariableOp:0 -> conv2d_1)."""
+    name = tensor.removeprefix("ConvMulFusion_W_").removeprefix("model_1/").removesuffix(":0")
+    return name.removesuffix("/ReadVariableOp").removesuffix("/convolution")
+
+
+def _input_name(path: Path) -> str:
+    return onnx.load(path, load_external_data=False).graph.input[0].name
 
 
 def session(path: Path) -> ort.InferenceSession:
@@ -107,7 +129,7 @@ class OnnxRuntimeBackend(Backend):
     ) -> QuantizedModel:
         workdir.mkdir(parents=True, exist_ok=True)
         ranges_path = workdir / "calibration_ranges.json"
-        input_name = onnx.load(onnx_path, load_external_data=False).graph.input[0].name
+        input_name = _input_name(onnx_path)
 
         start = time.perf_counter()
         calibrator = create_calibrator(
@@ -159,6 +181,35 @@ class OnnxRuntimeBackend(Backend):
             quantize_seconds=quantize_seconds,
             tags={"execution_reason": "ONNX Runtime CPU EP fuses the QDQ pairs into integer kernels"},
         )
+
+    def layer_errors(
+        self, fp32: Model, quantized: QuantizedModel, onnx_path: Path, images: np.ndarray, workdir: Path
+    ) -> list[LayerError]:
+        """SQNR with ORT's ``qdq_loss_debug``: each quantized activation (the QDQ model's dequantized tensor)
+        against the FP32 model's tensor at the same point, and each dequantized weight against its float."""
+        workdir.mkdir(parents=True, exist_ok=True)
+        input_name = _input_name(onnx_path)
+        activations = {}
+        for name, path in (("float", onnx_path), ("qdq", quantized.path)):
+            augmented = workdir / f"{name}_augmented.onnx"
+            modify_model_output_intermediate_tensors(str(path), str(augmented))
+            reader = ImageReader(images, EVAL_CHUNK, input_name, desc=f"Layer errors ({name})")
+            activations[name] = collect_activations(str(augmented), reader)
+            augmented.unlink()
+        workdir.rmdir()
+        matched = create_activation_matching(activations["qdq"], activations["float"])
+        errors = [
+            LayerError(_layer_name(tensor), "activation", result["xmodel_err"])
+            for tensor, result in compute_activation_error(matched).items()
+            if "xmodel_err" in result and tensor != input_name
+        ]
+        weights = create_weight_matching(str(onnx_path), str(quantized.path))
+        errors += [
+            LayerError(_layer_name(name), "weight", sqnr)
+            for name, sqnr in compute_weight_error(weights).items()
+            if weights[name]["float"].ndim >= 2  # conv / gemm weights, not biases
+        ]
+        return errors
 
     def versions(self) -> dict[str, str]:
         return {name: importlib.metadata.version(name) for name in ("onnxruntime", "onnx", "tf2onnx")}
