@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib
 
 from resnet8ptq.backends.base import Backend
@@ -12,8 +13,10 @@ BACKENDS = {
 }
 
 
-def get_backend(name: str) -> Backend:
-    """Instantiate the backend registered as ``name`` (the `backend` config choice)."""
+@functools.cache
+def get_backend(name: str, threads: int | None = None) -> Backend:
+    """The backend registered as ``name`` (the `backend` config choice); one instance per process and
+    settings, so that what it caches (the FP32 baseline) is reused by every run of a multirun."""
     if name not in BACKENDS:
         raise ValueError(f"backend={name!r}: expected one of {', '.join(BACKENDS)}.")
     module_name, class_name = BACKENDS[name].split(":")
@@ -24,4 +27,4 @@ def get_backend(name: str) -> Backend:
             f"backend={name} needs packages that are not installed ({err.name}). "
             f"Install them with: pip install -e '.[{name}]'"
         ) from err
-    return getattr(module, class_name)()
+    return getattr(module, class_name)(threads=threads)

@@ -80,6 +80,10 @@ class Backend(ABC):
 
     NAME: ClassVar[str]
 
+    def __init__(self, threads: int | None = None) -> None:
+        """``threads``: compute threads for inference (None: the library's default, all cores)."""
+        self.threads = threads
+
     @abstractmethod
     def load_fp32(self, onnx_path: Path, workdir: Path) -> Model:
         """The FP32 model in this backend, built from the canonical ONNX model."""
@@ -90,11 +94,11 @@ class Backend(ABC):
     ) -> QuantizedModel:
         """Calibrate on ``calibration_images`` (NHWC float32) and quantize; save the model under workdir."""
 
+    @abstractmethod
     def layer_errors(
         self, fp32: Model, quantized: QuantizedModel, onnx_path: Path, images: np.ndarray, workdir: Path
     ) -> list[LayerError]:
         """Per-layer SQNR (dB) of the quantized weights and activations against ``fp32``, on ``images``."""
-        raise NotImplementedError(f"backend {self.NAME} has no per-layer error analysis yet")
 
     @abstractmethod
     def versions(self) -> dict[str, str]:

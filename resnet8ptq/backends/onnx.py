@@ -82,9 +82,13 @@ def _input_tensors(path: Path) -> set[str]:
     return tensors
 
 
-def session(path: Path) -> ort.InferenceSession:
-    """A CPU inference session for the model at ``path``."""
-    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+def session(path: Path, threads: int | None = None) -> ort.InferenceSession:
+    """A CPU inference session for the model at ``path`` (``threads`` intra-op threads; None: all cores)."""
+    options = ort.SessionOptions()
+    if threads:
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
 def predictor(sess: ort.InferenceSession):
@@ -126,7 +130,7 @@ class OnnxRuntimeBackend(Backend):
     NAME = "onnx"
 
     def load_fp32(self, onnx_path: Path, workdir: Path) -> Model:
-        return Model(predict=predictor(session(onnx_path)), path=onnx_path)
+        return Model(predict=predictor(session(onnx_path, self.threads)), path=onnx_path)
 
     def quantize(
         self,
@@ -181,7 +185,7 @@ class OnnxRuntimeBackend(Backend):
             for name, data in sorted(tensors_range.data.items())
         ]
         return QuantizedModel(
-            predict=predictor(session(out)),
+            predict=predictor(session(out, self.threads)),
             path=out,
             activation_dtype=activation_dtype,
             weight_dtype=weight_dtype,

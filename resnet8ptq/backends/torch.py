@@ -825,9 +825,14 @@ class TorchBackend(Backend):
 
     NAME = "torch"
 
-    def __init__(self, native: bool = True, tolerance: float = NATIVE_TOLERANCE) -> None:
+    def __init__(
+        self, native: bool = True, tolerance: float = NATIVE_TOLERANCE, threads: int | None = None
+    ) -> None:
+        super().__init__(threads)
         self.native = native
         self.tolerance = tolerance
+        if threads:
+            torch.set_num_threads(threads)
 
     def load_fp32(self, onnx_path: Path, workdir: Path) -> Model:
         """onnx2torch conversion, exported and saved as ``model_fp32.pt2``."""
