@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import importlib.metadata
 import io
+import shutil
 import time
 from pathlib import Path
 
@@ -143,6 +144,9 @@ class OnnxRuntimeBackend(Backend):
     ) -> QuantizedModel:
         workdir.mkdir(parents=True, exist_ok=True)
         ranges_path = workdir / "calibration_ranges.json"
+        # ORT writes <model>-inferred.onnx beside its input and deletes it: parallel jobs sharing the cached
+        # model would delete each other's file, so each run quantizes its own copy.
+        onnx_path = Path(shutil.copy(onnx_path, workdir / "model_fp32.onnx"))
         input_name = _input_name(onnx_path)
 
         start = time.perf_counter()
