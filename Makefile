@@ -39,6 +39,7 @@ report: $(DEPS)  ## comparison report of the newest sweep (Markdown + HTML under
 
 bench: $(DEPS)  ## benchmark figures (prints them)
 	$(BIN)/python bench/sweep_overhead.py
+	$(BIN)/python bench/sweeps.py
 
 ui: $(DEPS)  ## MLflow UI for the runs tracked in this directory (mlflow.db + mlruns/)
 	$(BIN)/mlflow ui --host $(HOST) --port $(PORT)
