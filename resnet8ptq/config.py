@@ -60,6 +60,8 @@ class Config:
     dtype: DtypeConfig = field(default_factory=DtypeConfig)
     calib: CalibConfig = field(default_factory=CalibConfig)
     per_channel: bool = False
+    threads: int | None = None
+    rerun: bool = False  # run configurations that already have a FINISHED run with the same config_hash
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     cache_dir: str = MISSING
@@ -70,12 +72,19 @@ class Config:
 ConfigStore.instance().store(name="base_config", node=Config)
 
 
+class ConfigError(ValueError):
+    """A setting has a value of the right type that is not allowed (e.g. calib.percentile=101)."""
+
+
 def quant_spec(cfg: DictConfig) -> QuantSpec:
-    """The quantization settings of a composed config (validated)."""
+    """The quantization settings of a composed config (validated: ConfigError names the bad setting)."""
     calib = OmegaConf.to_container(cfg.calib, resolve=True)
-    return QuantSpec(
-        activation=cfg.dtype.activation,
-        weight=cfg.dtype.weight,
-        calib=CalibSpec(**calib),
-        per_channel=cfg.per_channel,
-    )
+    try:
+        return QuantSpec(
+            activation=cfg.dtype.activation,
+            weight=cfg.dtype.weight,
+            calib=CalibSpec(**calib),
+            per_channel=cfg.per_channel,
+        )
+    except ValueError as err:
+        raise ConfigError(str(err)) from err

@@ -302,7 +302,8 @@ def calibration_indices(labels: np.ndarray, per_class: int, seed: int) -> np.nda
         raise DataError(f"per_class must be an int in 1..{smallest}, got {per_class!r}")
     if not 1 <= per_class <= smallest:
         raise DataError(
-            f"per_class={per_class} is out of range: allowed 1..{smallest} (size of the smallest class)"
+            f"per_class={per_class} (data.calib_per_class) is out of range: allowed 1..{smallest} "
+            "(images of the smallest class in the training split)"
         )
     if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
         raise DataError(f"seed must be a non-negative int, got {seed!r}")

@@ -110,15 +110,19 @@ def converter_versions() -> dict[str, str]:
     return versions
 
 
+def conversion_key(h5_sha256: str) -> str:
+    """What decides the canonical ONNX: the h5's sha256, the converter versions and the recipe version."""
+    key_src = json.dumps({"h5": h5_sha256, **converter_versions(), "recipe": RECIPE_VERSION}, sort_keys=True)
+    return hashlib.sha256(key_src.encode()).hexdigest()[:16]
+
+
 def canonical_onnx(h5: Path, h5_sha256: str, cache_dir: Path) -> CanonicalModel:
     """Return the cached canonical ONNX for ``h5``, converting it first if needed.
 
-    Cache key: the h5's sha256, the converter versions and the recipe version. The file is written to
-    a temporary name and renamed, so an interrupted conversion never leaves a corrupt cache entry.
+    Cache key: ``conversion_key``. The file is written to a temporary name and renamed, so an interrupted
+    conversion never leaves a corrupt cache entry.
     """
-    key_src = json.dumps({"h5": h5_sha256, **converter_versions(), "recipe": RECIPE_VERSION}, sort_keys=True)
-    key = hashlib.sha256(key_src.encode()).hexdigest()[:16]
-    target = cache_dir / "onnx" / f"resnet8-{key}.onnx"
+    target = cache_dir / "onnx" / f"resnet8-{conversion_key(h5_sha256)}.onnx"
     if target.is_file():
         return CanonicalModel(target, h5, h5_sha256, converted_now=False)
     target.parent.mkdir(parents=True, exist_ok=True)

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from resnet8ptq import tracking
@@ -17,7 +19,7 @@ from resnet8ptq.backends.base import Backend, LayerError, Model, QuantizedModel
 from resnet8ptq.config import quant_spec
 from resnet8ptq.data import CLASS_NAMES, Cifar10, calibration_set, load_cifar10, to_model_input
 from resnet8ptq.evaluate import Evaluation, Speed, evaluate, measure_speed
-from resnet8ptq.model import CanonicalModel, canonical_onnx, resolve_h5
+from resnet8ptq.model import CanonicalModel, ModelError, canonical_onnx, conversion_key, resolve_h5
 from resnet8ptq.plots import class_accuracy_png, confusion_matrix_png, layer_sqnr_png
 
 log = logging.getLogger(__name__)
@@ -42,14 +44,19 @@ def run(cfg: DictConfig, output_dir: Path) -> float:
     backend_name = cfg.backend.name
     per_channel = "pc" if spec.per_channel else "pt"
     run_name = f"{backend_name}-{spec.activation}-{spec.weight}-{spec.calib.method}-{per_channel}"
+    identity = result_identity(cfg)
     tags = {
         "backend": backend_name,
         "quantized": "true",
         "calib": spec.calib.method,
         "per_channel": str(spec.per_channel).lower(),
-        "config_hash": tracking.config_hash(params),
+        "config_hash": tracking.config_hash(params, identity),
         "git_commit": tracking.git_commit(),
     }
+    resumable = not cfg.rerun and "unknown" not in identity.values()
+    finished = tracking.skip_finished(experiment_id, run_name, tags["config_hash"]) if resumable else None
+    if finished is not None:
+        return finished  # resume: this configuration already FINISHED in an earlier run; no new run
     with tracking.child_run(experiment_id, run_name, tags, params) as run_id:
         # 1. Data: verified CIFAR-10, stratified calibration sample of the training split.
         data = load_dataset(cfg.data.root, cfg.data.download)
@@ -58,7 +65,7 @@ def run(cfg: DictConfig, output_dir: Path) -> float:
 
         # 2. FP32 model: the canonical ONNX, in this backend, with its accuracy as the baseline.
         canonical = fp32_model(cfg.model.path, cfg.model.sha256, Path(cfg.cache_dir))
-        backend = get_backend(backend_name)
+        backend = get_backend(backend_name, threads=threads_per_run(cfg))
         baseline = fp32_baseline(backend, canonical.onnx_path, Path(cfg.cache_dir), data)
         context_tags = {
             "data.verified": f"md5 ({data.layout} layout)",
@@ -98,6 +105,37 @@ def run(cfg: DictConfig, output_dir: Path) -> float:
         # 5. Log.
         log_quantized(run_id, run_name, cfg, quantized, evaluation, speed, baseline, layer_errors, output_dir)
     return evaluation.accuracy
+
+
+def result_identity(cfg: DictConfig) -> dict[str, str]:
+    """Besides the settings, what decides a run's result (part of its config_hash): the canonical model
+    (the .h5's actual sha256 with the converter versions) and the backend's library versions.
+
+    Determined before the run, best effort: what cannot be determined yet is "unknown" (the run then fails
+    with the reason; it is never skipped).
+    """
+    try:
+        h5_sha256 = cfg.model.sha256 or resolve_h5(cfg.model.path, None, Path(cfg.cache_dir))[1]
+        identity = {"model": conversion_key(h5_sha256)}
+    except ModelError:
+        identity = {"model": "unknown"}
+    try:
+        versions = get_backend(cfg.backend.name).versions()
+    except (ValueError, RuntimeError):
+        versions = {"backend": "unknown"}
+    return identity | {f"version.{lib}": version for lib, version in versions.items()}
+
+
+def threads_per_run(cfg: DictConfig) -> int | None:
+    """``cfg.threads``, else the cores divided among the launcher's parallel jobs (None: one job at a time,
+    the libraries use every core)."""
+    if cfg.threads:
+        return cfg.threads
+    n_jobs = HydraConfig.get().launcher.get("n_jobs") if HydraConfig.initialized() else None
+    cores = os.cpu_count() or 1
+    if not n_jobs or n_jobs == 1:
+        return None
+    return max(1, cores // (cores if n_jobs < 0 else n_jobs))
 
 
 @functools.cache

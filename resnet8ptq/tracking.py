@@ -8,6 +8,7 @@ import hashlib
 import json
 import logging
 import os
+import socket
 import subprocess
 import tempfile
 import time
@@ -21,6 +22,8 @@ from typing import Any
 import mlflow
 from filelock import FileLock
 from hydra.core.hydra_config import HydraConfig
+from hydra.core.utils import JobReturn, JobStatus
+from hydra.errors import CompactHydraException
 from hydra.experimental.callback import Callback
 from mlflow.entities import Metric, Param, RunStatus, RunTag
 from mlflow.tracking import MlflowClient
@@ -30,16 +33,12 @@ log = logging.getLogger(__name__)
 
 PARENT_RUN_ENV = "RESNET8PTQ_PARENT_RUN_ID"
 PROJECT_DIR = Path(__file__).resolve().parents[1]
-# The settings that determine a run's result; their hash tags a run so that reruns can be recognised.
-RESULT_KEYS = (
-    "backend",
-    "dtype",
-    "calib",
-    "per_channel",
-    "data.calib_per_class",
-    "data.seed",
-    "model.sha256",
-)
+# The settings that determine a run's result (with the model and library versions, see `config_hash`);
+# their hash tags a quantized run so that a rerun of the same configuration is recognised and skipped.
+RESULT_KEYS = ("backend", "dtype", "calib", "per_channel", "data.calib_per_class", "data.seed")
+# Config-group choice labels that run_params adds: only the groups' content counts (dtype=u8s8 is
+# dtype.activation=uint8 + dtype.weight=int8).
+GROUP_CHOICES = ("backend", "dtype", "calib")
 
 
 class TrackingError(RuntimeError):
@@ -61,9 +60,24 @@ def configure(mlflow_cfg: DictConfig) -> str:
                 f"mlflow.tracking_uri to a reachable server (null = local sqlite:///mlflow.db)."
             ) from err
     try:
-        return mlflow.set_experiment(mlflow_cfg.experiment).experiment_id
+        with store_lock(uri):
+            return mlflow.set_experiment(mlflow_cfg.experiment).experiment_id
     except Exception as err:  # MLflow raises several types for unusable stores
         raise TrackingError(f"Cannot use MLflow tracking store {uri}: {err}") from err
+
+
+def store_lock(uri: str) -> contextlib.AbstractContextManager:
+    """For a SQLite store: a lock that makes processes of this machine create it one at a time.
+
+    MLflow 3.17's SqlAlchemyStore migrates an empty database without a lock, so two sweeps starting
+    together on a fresh store fail ("table runs already exists", "duplicate column name"); creating the
+    experiment is a second race. Once the store exists MLflow's busy timeout (20 s) serialises writes.
+    """
+    if not uri.startswith("sqlite:///"):
+        return contextlib.nullcontext()
+    database = Path(uri.removeprefix("sqlite:///").split("?")[0]).resolve()
+    digest = hashlib.sha256(str(database).encode()).hexdigest()[:16]
+    return FileLock(Path(tempfile.gettempdir()) / f"resnet8ptq-store-{digest}.lock")
 
 
 def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -87,10 +101,23 @@ def run_params(cfg: DictConfig) -> dict[str, Any]:
     return params
 
 
-def config_hash(params: Mapping[str, Any]) -> str:
-    """A short hash of the settings that determine a run's result."""
-    relevant = {key: str(value) for key, value in params.items() if key.startswith(RESULT_KEYS)}
+def config_hash(params: Mapping[str, Any], identity: Mapping[str, str]) -> str:
+    """A short hash of what determines a run's result: the RESULT_KEYS settings in ``params`` plus
+    ``identity`` (the model's actual content and the library versions). Paths, the tracking store,
+    `rerun` and the report settings do not count."""
+    prefixes = tuple(f"{key}." for key in RESULT_KEYS)
+    relevant = {
+        key: str(value)
+        for key, value in params.items()
+        if key not in GROUP_CHOICES and (key in RESULT_KEYS or key.startswith(prefixes))
+    }
+    relevant.update(identity)
     return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def process_tags() -> dict[str, str]:
+    """`host` and `pid` of this process: what tells a killed run (process gone) from a running one."""
+    return {"host": socket.gethostname(), "pid": str(os.getpid())}
 
 
 def git_commit() -> str:
@@ -121,7 +148,7 @@ def child_run(
     artifact `error.txt`: never left RUNNING by an exception.
     """
     client = MlflowClient()
-    all_tags = {"mlflow.runName": run_name, **tags}
+    all_tags = {"mlflow.runName": run_name, **tags, **process_tags()}
     if parent := os.environ.get(PARENT_RUN_ENV):
         all_tags["mlflow.parentRunId"] = parent
     run_id = client.create_run(experiment_id, run_name=run_name, tags=all_tags).info.run_id
@@ -129,8 +156,11 @@ def child_run(
         client.log_batch(run_id, params=[Param(key, str(value)[:6000]) for key, value in params.items()])
         yield run_id
     except BaseException as err:
-        client.set_tag(run_id, "error", f"{type(err).__name__}: {err}"[:5000])
-        client.log_text(run_id, traceback.format_exc(), "error.txt")
+        # Recording the error must not keep the run from ending (e.g. a full disk under the artifacts).
+        with contextlib.suppress(Exception):
+            client.set_tag(run_id, "error", f"{type(err).__name__}: {err}"[:5000])
+        with contextlib.suppress(Exception):
+            client.log_text(run_id, traceback.format_exc(), "error.txt")
         killed = isinstance(err, KeyboardInterrupt | SystemExit)
         client.set_terminated(run_id, "KILLED" if killed else "FAILED")
         raise
@@ -175,13 +205,107 @@ def find_sibling(experiment_id: str, **tags: str) -> str | None:
     return runs[0].info.run_id if runs else None
 
 
+def skip_finished(experiment_id: str, run_name: str, config_hash: str) -> float | None:
+    """If a quantized run with this config_hash already FINISHED in the experiment (any sweep): log that
+    this configuration is skipped, note it on the sweep run (tag `skipped.<config_hash>`) and return
+    that run's accuracy. None when there is no such run."""
+    runs = MlflowClient().search_runs(
+        [experiment_id],
+        f"tags.config_hash = '{config_hash}' and tags.quantized = 'true' and attributes.status = 'FINISHED'",
+        max_results=1,
+        order_by=["attributes.start_time DESC"],
+    )
+    if not runs:
+        return None
+    previous = runs[0]
+    accuracy = previous.data.metrics.get("accuracy", float("nan"))
+    note = f"run {previous.info.run_id} (accuracy {accuracy:.4f}) FINISHED with config_hash {config_hash}"
+    log.info("Skipping %s: %s; rerun=true runs it again", run_name, note)
+    if parent := os.environ.get(PARENT_RUN_ENV):
+        MlflowClient().set_tag(parent, f"skipped.{config_hash}", f"{run_name}: {note}"[:5000])
+    return accuracy
+
+
+def close_stale_runs(experiment_id: str, client: MlflowClient | None = None) -> list[str]:
+    """Mark KILLED the RUNNING runs of this host whose process is gone; return their ids.
+
+    A process killed without a chance to end its runs (SIGKILL, the OOM killer, a power loss) leaves them
+    RUNNING. Runs are matched by their `host` and `pid` tags; runs of other hosts (and runs without
+    those tags) are left alone with a warning, since their processes cannot be checked from here.
+    """
+    client = client or MlflowClient()
+    host = socket.gethostname()
+    closed = []
+    for run in client.search_runs([experiment_id], "attributes.status = 'RUNNING'", max_results=1000):
+        run_host, pid = run.data.tags.get("host"), run.data.tags.get("pid", "")
+        if run_host != host or not pid.isdigit():
+            log.warning(
+                "MLflow run %s (%s) is RUNNING on host %s, pid %s: not checked from %s. If its process is "
+                "gone, end it: MlflowClient().set_terminated('%s', 'KILLED')",
+                run.info.run_id,
+                run.info.run_name,
+                run_host or "unknown",
+                pid or "unknown",
+                host,
+                run.info.run_id,
+            )
+            continue
+        if _process_alive(int(pid), run.info.start_time):
+            continue
+        reason = f"process {pid} on {host} ended without ending this run (killed?); marked KILLED"
+        client.set_tag(run.info.run_id, "error", reason)
+        client.set_terminated(run.info.run_id, RunStatus.to_string(RunStatus.KILLED))
+        log.warning("MLflow run %s (%s): %s", run.info.run_id, run.info.run_name, reason)
+        closed.append(run.info.run_id)
+    return closed
+
+
+def _process_alive(pid: int, since_ms: int) -> bool:
+    """Whether process ``pid`` runs and started no later than ``since_ms`` (so it is not a newer
+    process that reuses the pid). Zombies count as gone."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # it exists (another user's)
+    try:  # Linux: state and start time from /proc (elsewhere: trust os.kill)
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        state, start_ticks = fields[0], int(fields[19])  # fields 3 and 22 of proc_pid_stat(5)
+        boot = next(
+            float(line.split()[1])
+            for line in Path("/proc/stat").read_text().splitlines()
+            if line.startswith("btime ")
+        )
+    except (OSError, IndexError, StopIteration, ValueError):
+        return True
+    started = boot + start_ticks / os.sysconf("SC_CLK_TCK")
+    return state not in ("Z", "X") and started <= since_ms / 1000 + 1.0
+
+
+def _check_writable(directory: Path) -> None:
+    """Exit before any work when the run/sweep directory cannot be written."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=directory):
+            pass
+    except OSError as err:
+        raise SystemExit(
+            f"Cannot write the output directory {directory}: {err}. "
+            "Point hydra.run.dir (hydra.sweep.dir with -m) at a writable directory."
+        ) from err
+
+
 class SweepRunCallback(Callback):
     """Hydra callback: one MLflow parent run per invocation (single run or sweep); jobs log under it.
 
-    The parent is ended FINISHED when every child finished, FAILED otherwise, also when the sweep
-    aborts with an exception (an atexit hook), so it is never left RUNNING. Then the comparison report
-    (`resnet8ptq.report`, settings `report.enabled` and `report.max_drop_points`) is written into the
-    run/sweep directory and logged to the parent; a report that fails only logs a warning.
+    At the start it exits (one line, no traceback) when the output directory cannot be written or the
+    tracking store cannot be used, and marks KILLED the runs that killed processes left RUNNING
+    (`close_stale_runs`). The parent is ended FINISHED when every child finished (or its configuration
+    was skipped as already FINISHED), FAILED otherwise (a failed job's error is tagged on it), also when
+    the sweep aborts with an exception (an atexit hook), so it is never left RUNNING. Then the comparison
+    report (`resnet8ptq.report`, settings `report.enabled` and `report.max_drop_points`) is written into
+    the run/sweep directory and logged to the parent; a report that fails only logs a warning.
     """
 
     def __init__(self) -> None:
@@ -201,8 +325,23 @@ class SweepRunCallback(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         self._end()
 
+    def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
+        """Tag a failed job's error on the sweep run (it may have failed before starting a run of its own)."""
+        parent = os.environ.get(PARENT_RUN_ENV)
+        if job_return.status != JobStatus.FAILED or parent is None:
+            return
+        err = job_return._return_value  # the exception (the public property re-raises it)
+        message = str(err) if isinstance(err, CompactHydraException) else f"{type(err).__name__}: {err}"
+        with contextlib.suppress(Exception):
+            MlflowClient().set_tag(parent, "error", message[:5000])
+
     def _start(self, config: DictConfig, output_dir: Path, kind: str) -> None:
-        experiment_id = configure(config.mlflow)
+        try:
+            experiment_id = configure(config.mlflow)
+        except TrackingError as err:  # Hydra would only warn about a failing callback and run the jobs
+            raise SystemExit(f"TrackingError: {err}") from err
+        _check_writable(output_dir)
+        close_stale_runs(experiment_id)
         overrides = " ".join(config.hydra.overrides.task) or "(defaults)"
         run = MlflowClient().create_run(
             experiment_id,
@@ -213,6 +352,7 @@ class SweepRunCallback(Callback):
                 "sweep_dir": str(output_dir.resolve()),
                 "overrides": overrides[:5000],
                 "git_commit": git_commit(),
+                **process_tags(),
             },
         )
         self._run_id = run.info.run_id
@@ -228,9 +368,16 @@ class SweepRunCallback(Callback):
         run_id, self._run_id = self._run_id, None
         os.environ.pop(PARENT_RUN_ENV, None)
         client = MlflowClient()
-        experiment_id = client.get_run(run_id).info.experiment_id
-        children = client.search_runs([experiment_id], f"tags.mlflow.parentRunId = '{run_id}'")
-        ok = bool(children) and all(child.info.status == "FINISHED" for child in children)
+        run = client.get_run(run_id)
+        children = client.search_runs([run.info.experiment_id], f"tags.mlflow.parentRunId = '{run_id}'")
+        skipped = [key for key in run.data.tags if key.startswith("skipped.")]
+        if skipped:
+            log.info(
+                "%d configuration(s) skipped: already FINISHED (tags skipped.* of run %s)",
+                len(skipped),
+                run_id,
+            )
+        ok = bool(children or skipped) and all(child.info.status == "FINISHED" for child in children)
         client.set_terminated(run_id, RunStatus.to_string(RunStatus.FINISHED if ok else RunStatus.FAILED))
         if self._report_enabled:
             self._report(run_id)
