@@ -17,31 +17,32 @@ $(DEPS): requirements.lock
 	$(BIN)/python -m pip install -r requirements.lock
 	touch $@
 
+# The project itself, editable: jobs started by launchers (submitit, joblib) import it from the venv.
 $(PROJECT): $(DEPS) pyproject.toml
 	$(BIN)/python -m pip install --quiet --no-deps --no-build-isolation -e .
 	touch $@
 
-sweep: $(DEPS)  ## the headline sweep: both backends x int8/uint8
+sweep: $(PROJECT)  ## the headline sweep: both backends x int8/uint8
 	$(BIN)/python run.py -m backend=onnx,torch dtype=int8,uint8
 
-grid: $(DEPS)  ## every configuration of both backends (36 runs)
+grid: $(PROJECT)  ## every configuration of both backends (36 runs)
 	$(BIN)/python run.py -m backend=onnx,torch dtype=int8,uint8,u8s8 calib=minmax,entropy,percentile per_channel=false,true
 
-test: $(DEPS)  ## the test suite (needs CIFAR-10 + model: RESNET8PTQ_ASSETS, default ../shared)
+test: $(PROJECT)  ## the test suite (needs CIFAR-10 + model: RESNET8PTQ_ASSETS, default ../shared)
 	$(BIN)/python -m pytest
 
-lint: $(DEPS)
+lint: $(PROJECT)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-report: $(DEPS)  ## comparison report of the newest sweep (Markdown + HTML under its runs/ directory)
+report: $(PROJECT)  ## comparison report of the newest sweep (Markdown + HTML under its runs/ directory)
 	$(BIN)/python -m resnet8ptq.report
 
-bench: $(DEPS)  ## benchmark figures (prints them)
+bench: $(PROJECT)  ## benchmark figures (prints them)
 	$(BIN)/python bench/sweep_overhead.py
 	$(BIN)/python bench/sweeps.py
 
-ui: $(DEPS)  ## MLflow UI for the runs tracked in this directory (mlflow.db + mlruns/)
+ui: $(PROJECT)  ## MLflow UI for the runs tracked in this directory (mlflow.db + mlruns/)
 	$(BIN)/mlflow ui --host $(HOST) --port $(PORT)
 
 lock:  ## regenerate requirements.lock from pyproject.toml in a scratch venv

@@ -31,7 +31,7 @@ ONNX_OPSET = 17
 # onnxruntime 1.31 refuses models whose IR version is newer than it knows; onnx >= 1.23 writes newer ones.
 MAX_IR_VERSION = 10
 # Bump when the conversion recipe changes, so that old cache entries are not reused.
-RECIPE_VERSION = 1
+RECIPE_VERSION = 2
 
 
 class ModelError(RuntimeError):
@@ -176,9 +176,50 @@ def _pre_process(raw: Path, out: Path) -> None:
     import onnx
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
-    quant_pre_process(raw, out)
+    static = raw.with_name("static.onnx")
+    save_onnx(static_reshapes(onnx.load(raw)), static)
+    quant_pre_process(static, out)
     model = onnx.load(out)
     save_onnx(model, out)
+
+
+def static_reshapes(model):
+    """Give every Reshape whose target shape is computed at run time (tf2onnx's flatten: Shape -> Gather ->
+    Concat, which TensorFlow's graph optimiser folds on some runs and not on others) the constant shape
+    [-1, ...] that shape inference proves, and drop the nodes that computed it. The canonical model is then
+    the same graph on every conversion, and torch.export sees a static reshape."""
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+
+    inferred = onnx.shape_inference.infer_shapes(model, data_prop=True).graph
+    shapes = {info.name: info.type.tensor_type.shape.dim for info in [*inferred.value_info, *inferred.output]}
+    constants = {init.name for init in model.graph.initializer}
+    for node in model.graph.node:
+        dims = shapes.get(node.output[0], [])
+        if node.op_type != "Reshape" or node.input[1] in constants or len(dims) < 2:
+            continue
+        if all(dim.HasField("dim_value") for dim in dims[1:]):
+            target = np.array([-1, *(dim.dim_value for dim in dims[1:])], dtype=np.int64)
+            name = f"{node.output[0]}/static_shape"
+            model.graph.initializer.append(numpy_helper.from_array(target, name))
+            node.input[1] = name
+    return _without_dead_nodes(model)
+
+
+def _without_dead_nodes(model):
+    """Remove nodes none of whose outputs are used (repeatedly), and initializers nothing reads."""
+    graph = model.graph
+    while True:
+        used = {name for node in graph.node for name in node.input} | {out.name for out in graph.output}
+        dead = [node for node in graph.node if not any(name in used for name in node.output)]
+        if not dead:
+            break
+        for node in dead:
+            graph.node.remove(node)
+    for init in [init for init in graph.initializer if init.name not in used]:
+        graph.initializer.remove(init)
+    return model
 
 
 def save_onnx(model, path: Path) -> None:

@@ -70,13 +70,16 @@ def cli_env(assets_dir: Path, model_cache: Path, canonical_model: CanonicalModel
 
 @pytest.fixture(scope="session")
 def run_cli(cli_env: dict[str, str]):
-    """Run `python run.py ARGS` in a working directory, as a user would; return the finished process."""
+    """Run `python run.py ARGS` in a working directory, as a user would; return the finished process.
+    The environment is `cli_env` unless ``env`` is given."""
 
-    def run(cwd: Path, *args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+    def run(
+        cwd: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 900
+    ) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             [sys.executable, str(REPO / "run.py"), *args],
             cwd=cwd,
-            env=cli_env,
+            env=cli_env if env is None else env,
             capture_output=True,
             text=True,
             timeout=timeout,

@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import shutil
-import socket
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -21,15 +19,7 @@ from mlflow.tracking import MlflowClient
 from resnet8ptq import data
 from resnet8ptq.data import BINARY_DIR, DataError, load_cifar10
 from resnet8ptq.model import MODEL_FILENAME, MODEL_SHA256
-
-REPO = Path(__file__).resolve().parents[1]
-
-
-def closed_port() -> int:
-    """A local TCP port nobody listens on (bound, then released)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from tests.servers import free_port
 
 
 def runs_in(workdir: Path) -> list[Run]:
@@ -90,7 +80,7 @@ def test_bad_setting_fails_before_anything_starts(
 
 
 def test_unreachable_tracking_server_fails_fast(run_cli, tmp_path: Path) -> None:
-    uri = f"http://127.0.0.1:{closed_port()}"
+    uri = f"http://127.0.0.1:{free_port()}"
     start = time.monotonic()
     result = run_cli(tmp_path, "-m", f"mlflow.tracking_uri={uri}", timeout=60)
     assert time.monotonic() - start < 30
@@ -244,7 +234,7 @@ def test_full_output_directory(run_cli, workdir: Path, model_cache: Path) -> Non
 
 
 def test_failed_download_leaves_no_partial_data_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    url = f"http://127.0.0.1:{closed_port()}/cifar-10-binary.tar.gz"
+    url = f"http://127.0.0.1:{free_port()}/cifar-10-binary.tar.gz"
     monkeypatch.setattr(data, "BINARY_ARCHIVE_URL", url)
     root = tmp_path / "data"
     with pytest.raises(DataError, match=f"Could not download CIFAR-10 from {url}"):
@@ -255,20 +245,11 @@ def test_failed_download_leaves_no_partial_data_dir(tmp_path: Path, monkeypatch:
 # --- two sweeps, one store ---------------------------------------------------------------------------------
 
 
-def test_two_sweeps_on_one_store_at_once(cli_env: dict[str, str], tmp_path: Path) -> None:
+def test_two_sweeps_on_one_store_at_once(run_cli, tmp_path: Path) -> None:
     """Both start on a fresh SQLite store (MLflow creates its tables without a lock) and write together."""
 
     def sweep(dtype: str) -> subprocess.CompletedProcess:
-        args = ["-m", "backend=onnx", f"dtype={dtype}", "report.enabled=false"]
-        return subprocess.run(
-            [sys.executable, str(REPO / "run.py"), *args],
-            cwd=tmp_path,
-            env=cli_env,
-            capture_output=True,
-            text=True,
-            timeout=900,
-            check=False,
-        )
+        return run_cli(tmp_path, "-m", "backend=onnx", f"dtype={dtype}", "report.enabled=false")
 
     with ThreadPoolExecutor(2) as pool:
         results = list(pool.map(sweep, ["int8", "uint8"]))

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,8 +18,6 @@ from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
 from resnet8ptq.tracking import PARENT_RUN_ENV
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def runs_in(workdir: Path) -> list[Run]:
@@ -84,7 +80,9 @@ def test_submitit_local_sweep(run_cli, tmp_path: Path) -> None:
     assert len(list((tmp_path / "runs" / "multirun").glob("*/*/.submitit/*/*_result.pkl"))) == 2
 
 
-def test_ray_local_sweep(assets_dir: Path, model_cache: Path, canonical_model, tmp_path: Path) -> None:
+def test_ray_local_sweep(
+    run_cli, assets_dir: Path, model_cache: Path, canonical_model, tmp_path: Path
+) -> None:
     """`hydra/launcher=ray` on a local Ray instance started by the sweep (hydra-ray-launcher).
 
     Not in requirements.lock: hydra-ray-launcher 1.2.2 (the newest) requires cloudpickle<3, joblib 1.6.0
@@ -99,14 +97,6 @@ def test_ray_local_sweep(assets_dir: Path, model_cache: Path, canonical_model, t
     env.update(RESNET8PTQ_ASSETS=str(assets_dir), RESNET8PTQ_CACHE=str(model_cache), RAY_AUTH_MODE="disabled")
     env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     args = ["-m", "hydra/launcher=ray", "backend=onnx", "dtype=int8,uint8"]
-    result = subprocess.run(
-        [sys.executable, str(REPO / "run.py"), *args],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
+    result = run_cli(tmp_path, *args, env=env, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     check_sweep(runs_in(tmp_path), quantized=2)

@@ -12,13 +12,8 @@ import contextlib
 import json
 import os
 import shutil
-import signal
-import socket
 import subprocess
-import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +23,8 @@ import aiohttp
 import pytest
 from mlflow.entities import Metric, RunTag
 from mlflow.tracking import MlflowClient
+
+from tests.servers import mlflow_server, stop
 
 CHROMIUM = "/usr/bin/chromium"
 VIEWPORT = (1920, 1000)
@@ -158,18 +155,7 @@ class Browser:
         with contextlib.suppress(Exception):
             self._loop.run_until_complete(self._session.close())
         self._loop.close()
-        _stop(self._process)
-
-
-def _stop(process: subprocess.Popen) -> None:
-    """End a process we started in its own session, and its children (by its process group id)."""
-    if process.poll() is None:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(15)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(5)
+        stop(self._process, grace=15)
 
 
 @dataclass
@@ -206,12 +192,6 @@ def build_store(root: Path) -> Store:
     return Store(uri, experiment_id, parent, children)
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory) -> Store:
     return build_store(tmp_path_factory.mktemp("ui-store"))
@@ -220,44 +200,8 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Store:
 @pytest.fixture(scope="module")
 def server(store: Store, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """`mlflow server` on 127.0.0.1 with a free port, serving the store; its base URL once /health answers."""
-    port = free_port()
-    log = tmp_path_factory.mktemp("ui-server") / "server.log"
-    mlflow_cli = Path(sys.executable).with_name("mlflow")
-    command = [str(mlflow_cli)] if mlflow_cli.is_file() else [sys.executable, "-m", "mlflow"]
-    args = [
-        "server",
-        "--backend-store-uri",
-        store.uri,
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--workers",
-        "1",
-    ]
-    with log.open("w") as out:
-        process = subprocess.Popen(
-            [*command, *args],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 90
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
-                    if response.status == 200:
-                        break
-            except (urllib.error.URLError, OSError):
-                pass
-            if process.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"mlflow server did not become healthy on {url}:\n{log.read_text()[-3000:]}")
-            time.sleep(0.5)
+    with mlflow_server(store.uri, tmp_path_factory.mktemp("ui-server") / "server.log", timeout=90) as url:
         yield url
-    finally:
-        _stop(process)
 
 
 @pytest.fixture(scope="module")

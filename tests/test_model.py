@@ -94,3 +94,46 @@ def test_predictions_are_probabilities(canonical_model: CanonicalModel, cifar: C
     probs = predictor(session(canonical_model.onnx_path))(to_model_input(cifar.test_images[:8]))
     assert probs.shape == (8, 10)
     np.testing.assert_allclose(probs.sum(axis=1), 1.0, atol=1e-5)
+
+
+def test_flatten_is_a_static_reshape(canonical_model: CanonicalModel) -> None:
+    import onnx
+
+    graph = onnx.load(canonical_model.onnx_path).graph
+    constants = {init.name for init in graph.initializer}
+    reshapes = [node for node in graph.node if node.op_type == "Reshape"]
+    assert reshapes and all(node.input[1] in constants for node in reshapes)
+    assert not [node for node in graph.node if node.op_type in ("Shape", "Gather", "Concat")]
+
+
+def test_computed_reshape_target_becomes_constant() -> None:
+    """tf2onnx sometimes emits the flatten as Shape -> Gather -> Unsqueeze -> Concat -> Reshape."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    nodes = [
+        helper.make_node("Shape", ["x"], ["shape"]),
+        helper.make_node("Gather", ["shape", "zero"], ["batch"], axis=0),
+        helper.make_node("Unsqueeze", ["batch", "axes"], ["batch_1d"]),
+        helper.make_node("Concat", ["batch_1d", "features"], ["target"], axis=0),
+        helper.make_node("Reshape", ["x", "target"], ["y"]),
+    ]
+    constants = [
+        numpy_helper.from_array(np.array(0, np.int64), "zero"),
+        numpy_helper.from_array(np.array([0], np.int64), "axes"),
+        numpy_helper.from_array(np.array([4], np.int64), "features"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "flatten",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4, 1, 1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])],
+        constants,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    static = model_module.static_reshapes(model)
+    assert [node.op_type for node in static.graph.node] == ["Reshape"]
+    assert [init.name for init in static.graph.initializer] == ["y/static_shape"]
+    x = np.arange(12, dtype=np.float32).reshape(3, 4, 1, 1)
+    session = ort.InferenceSession(static.SerializeToString(), providers=["CPUExecutionProvider"])
+    np.testing.assert_array_equal(session.run(None, {"x": x})[0], x.reshape(3, 4))

@@ -17,13 +17,10 @@ import glob
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,8 +31,7 @@ from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
 from resnet8ptq.tracking import PARENT_RUN_ENV
-
-REPO = Path(__file__).resolve().parents[1]
+from tests.servers import free_port, mlflow_server, stop, wait_until
 
 QUANTIZED_METRICS = {"accuracy", "accuracy_delta", "model_size_bytes", "size_ratio", "throughput_img_s"}
 QUANTIZED_ARTIFACTS = {
@@ -44,12 +40,6 @@ QUANTIZED_ARTIFACTS = {
     "calibration/calibration_ranges.csv",
     "evaluation/confusion_matrix.png",
 }
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def missing(message: str) -> None:
@@ -69,27 +59,6 @@ def postgres_bindir() -> Path | None:
         return candidates[-1]
     initdb = shutil.which("initdb")
     return Path(initdb).parent if initdb else None
-
-
-def wait_until(check, timeout: float, what: str, log: Path | None = None, process=None) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if (process is not None and process.poll() is not None) or time.monotonic() > deadline:
-            detail = log.read_text()[-3000:] if log and log.is_file() else ""
-            pytest.fail(f"{what} did not come up within {timeout:.0f} s:\n{detail}")
-        time.sleep(0.3)
-
-
-def stop(process: subprocess.Popen, sig: int = signal.SIGTERM, grace: float = 20) -> None:
-    """End a process this module started in its own session, and its children (its process group)."""
-    if process.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, sig)
-        try:
-            process.wait(grace)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(5)
 
 
 @dataclass(frozen=True)
@@ -203,42 +172,19 @@ class Server:
 def server(postgres: Postgres, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """`mlflow server` with the PostgreSQL backend store, proxying artifacts to a local directory."""
     root = tmp_path_factory.mktemp("tracking-server")
-    artifacts, log = root / "artifacts", root / "server.log"
-    port = free_port()
-    mlflow_cli = Path(sys.executable).with_name("mlflow")
-    command = [str(mlflow_cli)] if mlflow_cli.is_file() else [sys.executable, "-m", "mlflow"]
-    args = [
-        "server",
-        "--backend-store-uri",
+    artifacts = root / "artifacts"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
+    # grace: uvicorn and MLflow's job runner take >10 s to wind down, and there is no state to keep
+    with mlflow_server(
         postgres.uri,
+        root / "server.log",
         "--artifacts-destination",
         str(artifacts),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--workers",
-        "1",
-    ]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
-    with log.open("w") as out:
-        process = subprocess.Popen(
-            [*command, *args], cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-        )
-    url = f"http://127.0.0.1:{port}"
-
-    def healthy() -> bool:
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
-                return response.status == 200
-        except (urllib.error.URLError, OSError):
-            return False
-
-    try:
-        wait_until(healthy, 120, f"mlflow server on {url}", log, process)
+        cwd=root,
+        env=env,
+        grace=5,
+    ) as url:
         yield Server(url, artifacts)
-    finally:
-        stop(process, grace=5)  # uvicorn and MLflow's job runner take >10 s to wind down: no state to keep
 
 
 @pytest.fixture(scope="module")
@@ -404,6 +350,7 @@ def fake_slurm(tmp_path: Path) -> Iterator[tuple[Path, dict[str, str]]]:
 
 
 def test_slurm_sweep_logs_to_the_shared_server(
+    run_cli,
     assets_dir: Path,
     model_cache: Path,
     canonical_model,
@@ -427,15 +374,7 @@ def test_slurm_sweep_logs_to_the_shared_server(
     }
     # Configurations the first sweep did not run (a FINISHED configuration may be skipped as done).
     args = ["-m", "hydra/launcher=slurm", "backend=onnx", "dtype=u8s8", "per_channel=false,true"]
-    result = subprocess.run(
-        [sys.executable, str(REPO / "run.py"), *args, f"mlflow.tracking_uri={server.url}"],
-        cwd=workdir,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
+    result = run_cli(workdir, *args, f"mlflow.tracking_uri={server.url}", env=env, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     assert sorted(p.name for p in state.glob("*_*")) == ["1000_0", "1000_1"]  # one array, two tasks
     # (submitit returns on the tasks' result files; the runner records the exit a moment later)
