@@ -44,7 +44,8 @@ def run(cfg: DictConfig, output_dir: Path) -> float:
     backend_name = cfg.backend.name
     per_channel = "pc" if spec.per_channel else "pt"
     run_name = f"{backend_name}-{spec.activation}-{spec.weight}-{spec.calib.method}-{per_channel}"
-    identity = result_identity(cfg)
+    backend = get_backend(backend_name, threads=threads_per_run(cfg))
+    identity = result_identity(cfg, backend)
     tags = {
         "backend": backend_name,
         "quantized": "true",
@@ -65,7 +66,6 @@ def run(cfg: DictConfig, output_dir: Path) -> float:
 
         # 2. FP32 model: the canonical ONNX, in this backend, with its accuracy as the baseline.
         canonical = fp32_model(cfg.model.path, cfg.model.sha256, Path(cfg.cache_dir))
-        backend = get_backend(backend_name, threads=threads_per_run(cfg))
         baseline = fp32_baseline(backend, canonical.onnx_path, Path(cfg.cache_dir), data)
         context_tags = {
             "data.verified": f"md5 ({data.layout} layout)",
@@ -75,9 +75,7 @@ def run(cfg: DictConfig, output_dir: Path) -> float:
         tracking.set_tags(run_id, context_tags)
         with tracking.sweep_lock(f"baseline-{backend_name}"):  # once per sweep, even with parallel jobs
             if not tracking.find_sibling(experiment_id, backend=backend_name, quantized="false"):
-                log_baseline(
-                    experiment_id, backend_name, baseline, params, {**tags, **context_tags}, output_dir
-                )
+                log_baseline(experiment_id, backend_name, baseline, params, tags | context_tags, output_dir)
 
         # 3. Quantize.
         quantized = backend.quantize(
@@ -107,7 +105,7 @@ def run(cfg: DictConfig, output_dir: Path) -> float:
     return evaluation.accuracy
 
 
-def result_identity(cfg: DictConfig) -> dict[str, str]:
+def result_identity(cfg: DictConfig, backend: Backend) -> dict[str, str]:
     """Besides the settings, what decides a run's result (part of its config_hash): the canonical model
     (the .h5's actual sha256 with the converter versions) and the backend's library versions.
 
@@ -119,11 +117,7 @@ def result_identity(cfg: DictConfig) -> dict[str, str]:
         identity = {"model": conversion_key(h5_sha256)}
     except ModelError:
         identity = {"model": "unknown"}
-    try:
-        versions = get_backend(cfg.backend.name).versions()
-    except (ValueError, RuntimeError):
-        versions = {"backend": "unknown"}
-    return identity | {f"version.{lib}": version for lib, version in versions.items()}
+    return identity | {f"version.{lib}": version for lib, version in backend.versions().items()}
 
 
 def threads_per_run(cfg: DictConfig) -> int | None:

@@ -19,6 +19,7 @@ from mlflow.tracking import MlflowClient
 
 import resnet8ptq.config  # noqa: F401  (registers base_config)
 from resnet8ptq import tracking
+from resnet8ptq.backends import get_backend
 from resnet8ptq.model import MODEL_FILENAME, conversion_key
 from resnet8ptq.pipeline import result_identity
 
@@ -174,13 +175,16 @@ def test_identity_is_the_model_content(assets_dir: Path, tmp_path: Path) -> None
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         cfg = compose("config", overrides=[f"model.path={h5}", "model.sha256=null", f"cache_dir={tmp_path}"])
         official = compose("config")
-    identity = result_identity(cfg)
-    assert identity["model"] == result_identity(official)["model"] == conversion_key(official.model.sha256)
+    onnx = get_backend("onnx")
+    identity = result_identity(cfg, onnx)
+    assert (
+        identity["model"] == result_identity(official, onnx)["model"] == conversion_key(official.model.sha256)
+    )
     assert identity["version.onnxruntime"]
     h5.write_bytes(h5.read_bytes() + b"\0")
-    assert result_identity(cfg)["model"] != identity["model"]
+    assert result_identity(cfg, onnx)["model"] != identity["model"]
     h5.unlink()
-    assert result_identity(cfg)["model"] == "unknown"  # such a run fails, and is never skipped
+    assert result_identity(cfg, onnx)["model"] == "unknown"  # such a run fails, and is never skipped
 
 
 # --- stale runs --------------------------------------------------------------------------------------------
