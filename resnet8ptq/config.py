@@ -60,6 +60,8 @@ class Config:
     dtype: DtypeConfig = field(default_factory=DtypeConfig)
     calib: CalibConfig = field(default_factory=CalibConfig)
     per_channel: bool = False
+    reduce_range: bool = False  # weights in 7 bits (ORT's reduce_range)
+    native_tolerance_points: float = 0.3  # largest |native - reference| accuracy gap tagged `native`
     threads: int | None = None
     rerun: bool = False  # run configurations that already have a FINISHED run with the same config_hash
     data: DataConfig = field(default_factory=DataConfig)
@@ -79,12 +81,17 @@ class ConfigError(ValueError):
 def quant_spec(cfg: DictConfig) -> QuantSpec:
     """The quantization settings of a composed config (validated: ConfigError names the bad setting)."""
     calib = OmegaConf.to_container(cfg.calib, resolve=True)
+    if cfg.native_tolerance_points < 0:
+        raise ConfigError(
+            f"native_tolerance_points={cfg.native_tolerance_points}: expected a number of points >= 0."
+        )
     try:
         return QuantSpec(
             activation=cfg.dtype.activation,
             weight=cfg.dtype.weight,
             calib=CalibSpec(**calib),
             per_channel=cfg.per_channel,
+            reduce_range=cfg.reduce_range,
         )
     except ValueError as err:
         raise ConfigError(str(err)) from err

@@ -13,12 +13,13 @@ import pandas as pd
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from resnet8ptq import tracking
+from resnet8ptq import hardware, tracking
 from resnet8ptq.backends import get_backend
 from resnet8ptq.backends.base import Backend, LayerError, Model, QuantizedModel
 from resnet8ptq.config import quant_spec
 from resnet8ptq.data import CLASS_NAMES, Cifar10, calibration_set, load_cifar10, to_model_input
-from resnet8ptq.evaluate import Evaluation, Speed, evaluate, measure_speed
+from resnet8ptq.evaluate import Evaluation, evaluate, measure_latency
+from resnet8ptq.execution import Verdict, judge
 from resnet8ptq.model import CanonicalModel, ModelError, canonical_onnx, conversion_key, resolve_h5
 from resnet8ptq.plots import class_accuracy_png, confusion_matrix_png, layer_sqnr_png
 
@@ -33,7 +34,17 @@ class Baseline:
 
     model: Model
     evaluation: Evaluation
-    speed: Speed
+    latency_ms_b1: float
+
+
+@dataclass(frozen=True)
+class QuantizedResult:
+    """How a quantized model did: its reference semantics, its runtime form on this CPU, and the verdict."""
+
+    reference: Evaluation
+    runtime: Evaluation  # the same object as ``reference`` when the runtime runs the reference program
+    verdict: Verdict
+    latency_ms_b1: float  # of the runtime form
 
 
 def run(cfg: DictConfig, output_dir: Path) -> float:
@@ -43,14 +54,18 @@ def run(cfg: DictConfig, output_dir: Path) -> float:
     params = tracking.run_params(cfg)
     backend_name = cfg.backend.name
     per_channel = "pc" if spec.per_channel else "pt"
-    run_name = f"{backend_name}-{spec.activation}-{spec.weight}-{spec.calib.method}-{per_channel}"
-    backend = get_backend(backend_name, threads=threads_per_run(cfg))
+    reduce_range = "-rr" if spec.reduce_range else ""
+    run_name = (
+        f"{backend_name}-{spec.activation}-{spec.weight}-{spec.calib.method}-{per_channel}{reduce_range}"
+    )
+    backend = get_backend(backend_name, native=cfg.backend.get("native", True), threads=threads_per_run(cfg))
     identity = result_identity(cfg, backend)
     tags = {
         "backend": backend_name,
         "quantized": "true",
         "calib": spec.calib.method,
         "per_channel": str(spec.per_channel).lower(),
+        "reduce_range": str(spec.reduce_range).lower(),
         "config_hash": tracking.config_hash(params, identity),
         "git_commit": tracking.git_commit(),
     }
@@ -71,6 +86,7 @@ def run(cfg: DictConfig, output_dir: Path) -> float:
             "data.verified": f"md5 ({data.layout} layout)",
             "model.sha256": canonical.h5_sha256,
             **{f"version.{lib}": version for lib, version in backend.versions().items()},
+            **hardware.detect().tags(),
         }
         tracking.set_tags(run_id, context_tags)
         with tracking.sweep_lock(f"baseline-{backend_name}"):  # once per sweep, even with parallel jobs
@@ -78,20 +94,20 @@ def run(cfg: DictConfig, output_dir: Path) -> float:
                 log_baseline(experiment_id, backend_name, baseline, params, tags | context_tags, output_dir)
 
         # 3. Quantize.
-        quantized = backend.quantize(
-            baseline.model,
-            canonical.onnx_path,
-            calibration_images,
-            spec,
-            output_dir / "model",
-            verify_images=test_images,
-            verify_labels=test_labels,
-        )
+        quantized = backend.quantize(canonical.onnx_path, calibration_images, spec, output_dir / "model")
 
-        # 4. Evaluate on the full test set.
-        evaluation = evaluate(quantized.predict, test_images, test_labels, desc=f"Evaluating {run_name}")
-        speed = measure_speed(quantized.predict, test_images)
-        log.info("%s: accuracy %.4f (FP32 %.4f)", run_name, evaluation.accuracy, baseline.evaluation.accuracy)
+        # 4. Evaluate on the full test set: the reference semantics, and the runtime form on this CPU.
+        result = evaluate_quantized(
+            quantized, test_images, test_labels, run_name, cfg.native_tolerance_points
+        )
+        log.info(
+            "%s: accuracy %.4f (FP32 %.4f); %s: %s",
+            run_name,
+            result.reference.accuracy,
+            baseline.evaluation.accuracy,
+            result.verdict.execution,
+            result.verdict.reason,
+        )
         layer_errors = backend.layer_errors(
             baseline.model,
             quantized,
@@ -101,8 +117,27 @@ def run(cfg: DictConfig, output_dir: Path) -> float:
         )
 
         # 5. Log.
-        log_quantized(run_id, run_name, cfg, quantized, evaluation, speed, baseline, layer_errors, output_dir)
-    return evaluation.accuracy
+        log_quantized(run_id, run_name, cfg, quantized, result, baseline, layer_errors, output_dir)
+    return result.reference.accuracy
+
+
+def evaluate_quantized(
+    quantized: QuantizedModel, images: np.ndarray, labels: np.ndarray, run_name: str, tolerance_points: float
+) -> QuantizedResult:
+    """Evaluate the reference form and, when it is a different program, the runtime form; judge the runtime
+    (:func:`resnet8ptq.execution.judge`). Throughput and latency are the runtime form's."""
+    runtime = quantized.runtime
+    reference = evaluate(quantized.reference, images, labels, desc=f"Evaluating {run_name} (reference)")
+    measured = (
+        reference
+        if runtime.predict is quantized.reference
+        else evaluate(runtime.predict, images, labels, desc=f"Evaluating {run_name} (runtime)")
+    )
+    dtypes = (quantized.activation_dtype, quantized.weight_dtype)
+    verdict = judge(
+        reference.accuracy, measured.accuracy, runtime, tolerance_points, hardware.detect(), dtypes
+    )
+    return QuantizedResult(reference, measured, verdict, measure_latency(runtime.predict, images))
 
 
 def result_identity(cfg: DictConfig, backend: Backend) -> dict[str, str]:
@@ -156,20 +191,17 @@ def fp32_baseline(backend: Backend, onnx_path: Path, cache_dir: Path, data: Cifa
     model = backend.load_fp32(onnx_path, cache_dir / backend.NAME)
     images, labels = test_set(data)
     evaluation = evaluate(model.predict, images, labels, desc=f"Evaluating {backend.NAME}-fp32")
-    return Baseline(model, evaluation, measure_speed(model.predict, images))
+    return Baseline(model, evaluation, measure_latency(model.predict, images))
 
 
-def evaluation_metrics(evaluation: Evaluation, speed: Speed, model_path: Path) -> dict[str, float]:
-    """Metrics every run logs: accuracy, per-class accuracy, model size, speed."""
+def evaluation_metrics(evaluation: Evaluation, model_path: Path) -> dict[str, float]:
+    """Metrics every run logs: accuracy, per-class accuracy, model size."""
     return {
         "accuracy": evaluation.accuracy,
         **{
             f"class_acc/{name}": acc for name, acc in zip(CLASS_NAMES, evaluation.class_accuracy, strict=True)
         },
         "model_size_bytes": model_path.stat().st_size,
-        "throughput_img_s": speed.throughput_img_s,
-        "latency_ms_b1": speed.latency_ms_b1,
-        "eval_seconds": evaluation.eval_seconds,
     }
 
 
@@ -227,15 +259,21 @@ def log_baseline(
 ) -> None:
     """Log this backend's FP32 model as a run of its own (tag quantized=false) beside the quantized runs."""
     name = f"{backend_name}-fp32"
-    fp32_params = {k: v for k, v in params.items() if not k.startswith(("dtype", "calib", "per_channel"))}
+    quantization = ("dtype", "calib", "per_channel", "reduce_range", "native_tolerance_points")
+    fp32_params = {k: v for k, v in params.items() if not k.startswith(quantization)}
     fp32_tags = {
-        **{k: v for k, v in tags.items() if k not in ("calib", "per_channel", "config_hash")},
+        **{k: v for k, v in tags.items() if k not in (*quantization, "config_hash")},
         "quantized": "false",
         "dtype.activation": "float32",
         "dtype.weight": "float32",
     }
     with tracking.child_run(experiment_id, name, fp32_tags, fp32_params) as run_id:
-        metrics = evaluation_metrics(baseline.evaluation, baseline.speed, baseline.model.path)
+        metrics = {
+            **evaluation_metrics(baseline.evaluation, baseline.model.path),
+            "throughput_img_s": baseline.evaluation.throughput_img_s,
+            "latency_ms_b1": baseline.latency_ms_b1,
+            "eval_seconds": baseline.evaluation.eval_seconds,
+        }
         tracking.log_metrics(run_id, {**metrics, "fp32_size_bytes": metrics["model_size_bytes"]})
         files = evaluation_files(baseline.evaluation, output_dir / "fp32", name)
         tracking.log_artifacts(run_id, [*files, ("model", baseline.model.path)])
@@ -261,8 +299,7 @@ def log_quantized(
     run_name: str,
     cfg: DictConfig,
     quantized: QuantizedModel,
-    evaluation: Evaluation,
-    speed: Speed,
+    result: QuantizedResult,
     baseline: Baseline,
     layer_errors: list[LayerError],
     output_dir: Path,
@@ -270,8 +307,18 @@ def log_quantized(
     """Everything a quantized run records: metrics, effective dtypes, execution, layer errors, artifacts."""
     fp32_size = baseline.model.path.stat().st_size
     worst = min(layer_errors, key=lambda error: error.sqnr_db)
+    evaluation, verdict = result.reference, result.verdict
+    native = {}
+    if verdict.gap_points is not None:  # integer kernels ran: their accuracy beside the reference
+        native = {"accuracy_native": result.runtime.accuracy, "kernel_gap_points": verdict.gap_points}
+    passes = {id(result.reference): result.reference, id(result.runtime): result.runtime}.values()
     metrics = {
-        **evaluation_metrics(evaluation, speed, quantized.path),
+        **evaluation_metrics(evaluation, quantized.path),
+        "accuracy_reference": evaluation.accuracy,
+        **native,
+        "throughput_img_s": result.runtime.throughput_img_s,
+        "latency_ms_b1": result.latency_ms_b1,
+        "eval_seconds": sum(evaluation.eval_seconds for evaluation in passes),
         "accuracy_delta": evaluation.accuracy - baseline.evaluation.accuracy,
         "fp32_size_bytes": fp32_size,
         "size_ratio": quantized.path.stat().st_size / fp32_size,
@@ -289,7 +336,8 @@ def log_quantized(
         {
             "dtype.activation": quantized.activation_dtype,
             "dtype.weight": quantized.weight_dtype,
-            "execution": quantized.execution,
+            "execution": verdict.execution,
+            "execution_reason": verdict.reason,
             "sqnr_worst_layer": f"{worst.layer} ({worst.kind}, {worst.sqnr_db:.1f} dB)",
             **quantized.tags,
         },

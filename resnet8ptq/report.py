@@ -30,6 +30,8 @@ from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
 from resnet8ptq.data import CLASS_NAMES
+from resnet8ptq.execution import NATIVE_MISMATCH, mismatch_cause
+from resnet8ptq.hardware import Hardware
 
 log = logging.getLogger(__name__)
 
@@ -58,8 +60,11 @@ EMPTY_COLUMNS = [
     "weight",
     "calib",
     "per_channel",
+    "reduce_range",
     "execution",
     "execution_reason",
+    "hardware",
+    "int8_dot_product",
     "config_hash",
     "error",
     "sqnr_worst_layer",
@@ -67,6 +72,8 @@ EMPTY_COLUMNS = [
 METRIC_COLUMNS = (
     "accuracy",
     "accuracy_delta",
+    "accuracy_native",
+    "kernel_gap_points",
     "model_size_bytes",
     "fp32_size_bytes",
     "throughput_img_s",
@@ -96,6 +103,7 @@ def runs_frame(runs: Iterable[Run]) -> pd.DataFrame:
         weight = tags.get("dtype.weight") or params.get("dtype.weight", "?")
         dtype = params.get("dtype") or DTYPE_CHOICES.get((activation, weight), f"{activation}/{weight}")
         per_channel = (tags.get("per_channel") or params.get("per_channel", "?")).lower()
+        machine = Hardware.from_tags(tags)
         rows.append(
             {
                 "run_id": run.info.run_id,
@@ -109,6 +117,9 @@ def runs_frame(runs: Iterable[Run]) -> pd.DataFrame:
                 "weight": weight,
                 "calib": (tags.get("calib") or params.get("calib", "?")) if quantized else "",
                 "per_channel": per_channel if quantized else "",
+                "reduce_range": tags.get("reduce_range", "false") if quantized else "",
+                "hardware": machine.label if machine else "not recorded",
+                "int8_dot_product": machine.has_int8_dot_product if machine else None,
                 "execution": tags.get("execution", "" if quantized else "native"),
                 "execution_reason": tags.get("execution_reason", ""),
                 "config_hash": tags.get("config_hash", ""),
@@ -132,7 +143,8 @@ def _labels(frame: pd.DataFrame) -> list[str]:
             labels.append(f"{row.backend} fp32")
         else:
             channel = " per-channel" if row.per_channel == "true" else ""
-            labels.append(f"{row.backend} {row.dtype} {row.calib}{channel}")
+            reduced = " reduce-range" if row.reduce_range == "true" else ""
+            labels.append(f"{row.backend} {row.dtype} {row.calib}{channel}{reduced}")
     counts = pd.Series(labels).value_counts()
     return [
         f"{label} [{run_id[:6]}]" if counts[label] > 1 else label
@@ -229,20 +241,38 @@ def recommendations(table: pd.DataFrame, max_drop_points: float) -> tuple[list[P
     picks = [
         _pick(quantized, "Best accuracy", "accuracy", smaller_is_better=False),
         _pick(pool, "Smallest model", "model_size_bytes", smaller_is_better=True, tolerance=SIZE_TOLERANCE),
-        _pick(pool, "Fastest", "throughput_img_s", smaller_is_better=False, tolerance=THROUGHPUT_TOLERANCE),
+        *_fastest_per_machine(table, pool),
         *(
             _pick(group, f"Best {backend}", "accuracy", smaller_is_better=False)
             for backend, group in quantized.groupby("backend", sort=True)
         ),
     ]
-    fastest = picks[2]
-    if fastest is not None:
-        row = table[table["run_id"] == fastest.run_id].iloc[0]
-        fp32 = table[~table["quantized"] & (table["backend"] == row["backend"])]["throughput_img_s"].dropna()
-        if len(fp32) and fp32.iloc[0] > row["throughput_img_s"]:
-            note = f"; slower than {row['backend']} FP32 ({fp32.iloc[0]:.0f} img/s)"
-            picks[2] = Pick(fastest.what, fastest.label, fastest.run_id, fastest.detail + note)
     return [pick for pick in picks if pick is not None], over
+
+
+def _fastest_per_machine(table: pd.DataFrame, pool: pd.DataFrame) -> list[Pick | None]:
+    """The fastest configuration on each machine (speed compares only within one), noting when it is
+    slower than its backend's FP32 model on that machine."""
+    machines = sorted(pool["hardware"].unique())
+    picks: list[Pick | None] = []
+    for machine in machines:
+        what = "Fastest" if len(machines) == 1 else f"Fastest on {machine}"
+        pick = _pick(
+            pool[pool["hardware"] == machine],
+            what,
+            "throughput_img_s",
+            smaller_is_better=False,
+            tolerance=THROUGHPUT_TOLERANCE,
+        )
+        if pick is not None:
+            row = table[table["run_id"] == pick.run_id].iloc[0]
+            same = ~table["quantized"] & (table["backend"] == row["backend"]) & (table["hardware"] == machine)
+            fp32 = table[same]["throughput_img_s"].dropna()
+            if len(fp32) and fp32.iloc[0] > row["throughput_img_s"]:
+                note = f"; slower than {row['backend']} FP32 ({fp32.iloc[0]:.0f} img/s)"
+                pick = Pick(pick.what, pick.label, pick.run_id, pick.detail + note)
+        picks.append(pick)
+    return picks
 
 
 def class_deltas(table: pd.DataFrame) -> pd.DataFrame:
@@ -385,8 +415,12 @@ def comparison_rows(table: pd.DataFrame, max_drop_points: float) -> Table:
         "throughput (img/s)",
         "latency b1 (ms)",
         "execution",
-        "run",
+        "native (%)",
+        "kernel gap (points)",
     ]
+    machines = _machine_names(table)
+    headers += ["machine"] if len(machines) > 1 else []
+    headers.append("run")
     rows, classes = [], []
     for row in table.itertuples():
         over = row.quantized and row.delta_points < -max_drop_points
@@ -405,6 +439,9 @@ def comparison_rows(table: pd.DataFrame, max_drop_points: float) -> Table:
                 _fmt(row.throughput_img_s, ".0f"),
                 _fmt(row.latency_ms_b1, ".3f"),
                 row.execution or "—",
+                _fmt(row.accuracy_native * 100, ".2f") if np.isfinite(row.accuracy_native) else "—",
+                _fmt(row.kernel_gap_points, "+.2f") if np.isfinite(row.kernel_gap_points) else "—",
+                *([machines[row.hardware]] if len(machines) > 1 else []),
                 row.run_id[:8],
             ]
         )
@@ -452,14 +489,14 @@ def build(report: Report) -> list[Block]:
         f"finished: {int(table['quantized'].sum())} quantized, {int((~table['quantized']).sum())} FP32 "
         f"baseline(s); failed or unfinished: {len(report.failed)}"
     )
-    blocks: list[Block] = [("h1", report.title), [*report.context, counts]]
+    blocks: list[Block] = [("h1", report.title), [*report.context, *hardware_lines(table), counts]]
     if not report.has_results:
         blocks.append(("p", f"**{nothing_to_report_message(report)}**"))
     else:
         blocks += recommendation_blocks(table, report.max_drop_points)
     if len(table):
         blocks += [("h2", "Comparison"), comparison_rows(table, report.max_drop_points)]
-        blocks += execution_notes(table)
+        blocks += execution_blocks(table)
     if report.has_results:
         blocks += per_class_blocks(report) + layer_error_blocks(report.table) + tradeoff_blocks(report)
     blocks.append(("h2", f"Failed runs ({len(report.failed)})"))
@@ -493,16 +530,75 @@ def recommendation_blocks(table: pd.DataFrame, limit: float) -> list[Block]:
     return [("h2", "Recommendations"), bullets, ("p", note)]
 
 
-def execution_notes(table: pd.DataFrame) -> list[Block]:
-    """How each quantized configuration executed (native integer kernels or simulated), grouped by reason."""
-    quantized = table[table["quantized"] & (table["execution"].fillna("") != "")]
+def _machine_names(table: pd.DataFrame) -> dict[str, str]:
+    """Short names (M1, M2, ...) for the machines the runs were measured on, by hardware label."""
+    return {label: f"M{i}" for i, label in enumerate(sorted(table["hardware"].unique()), 1)}
+
+
+def hardware_lines(table: pd.DataFrame) -> list[str]:
+    """The report header's hardware: the one machine, or each machine and a warning that speed and native
+    accuracy compare only within one machine."""
+    machines = _machine_names(table)
+    if len(machines) <= 1:
+        return [f"hardware: {label}" for label in machines]
+    listed = "; ".join(f"{short} = {label}" for label, short in machines.items())
+    return [
+        f"**runs from {len(machines)} machines** ({listed}): accuracy (the reference semantics) compares "
+        f"across them; speed and native accuracy only within one machine (column `machine`)"
+    ]
+
+
+def execution_blocks(table: pd.DataFrame) -> list[Block]:
+    """Reference vs native accuracy of the runs whose integer kernels ran, with the cause of each mismatch,
+    then how the other configurations executed."""
+    quantized = table[table["quantized"] & (table["execution"].fillna("") != "")].fillna(
+        {"execution_reason": ""}
+    )
+    if quantized.empty:
+        return []
+    blocks: list[Block] = [("h2", "Reference and native execution")]
+    blocks.append(
+        (
+            "p",
+            "`accuracy` is the reference semantics (the quantized model's exact quantize/dequantize "
+            "arithmetic, the same on every CPU). Where the runtime runs integer kernels, their accuracy on "
+            "this CPU is measured too: `native` when it matches the reference within the tolerance, "
+            "`native-mismatch` when it does not.",
+        )
+    )
+    kernels = quantized[quantized["kernel_gap_points"].notna()]
+    machines = _machine_names(table)
+    if len(kernels):
+        rows = [
+            [
+                r.label,
+                machines[r.hardware] if len(machines) > 1 else r.hardware,
+                f"{r.accuracy * 100:.2f}",
+                f"{r.accuracy_native * 100:.2f}",
+                f"{r.kernel_gap_points:+.2f}",
+                r.execution,
+            ]
+            for r in kernels.sort_values(["hardware", "label"]).itertuples()
+        ]
+        headers = ["configuration", "machine", "reference (%)", "native (%)", "gap (points)", "execution"]
+        blocks.append(Table(headers, rows))
+    causes = {}
+    for r in quantized[quantized["execution"] == NATIVE_MISMATCH].itertuples():
+        if r.int8_dot_product is None:
+            cause = "the machine was not recorded"
+        else:
+            cause = mismatch_cause(bool(r.int8_dot_product), (r.activation, r.weight))
+        causes.setdefault(cause, []).append(r.label)
+    if causes:
+        blocks.append(
+            [f"**native-mismatch** ({', '.join(labels)}): {cause}" for cause, labels in causes.items()]
+        )
+    simulated = quantized[quantized["kernel_gap_points"].isna()]
     notes = [
         f"**{execution}** ({reason or 'no reason recorded'}): {', '.join(group['label'])}"
-        for (execution, reason), group in quantized.fillna({"execution_reason": ""}).groupby(
-            ["execution", "execution_reason"], sort=True
-        )
+        for (execution, reason), group in simulated.groupby(["execution", "execution_reason"], sort=True)
     ]
-    return [notes] if notes else []
+    return blocks + ([notes] if notes else [])
 
 
 def per_class_blocks(report: Report) -> list[Block]:
@@ -554,11 +650,15 @@ def layer_error_blocks(table: pd.DataFrame) -> list[Block]:
 def tradeoff_blocks(report: Report) -> list[Block]:
     """Accuracy vs size and vs throughput, with the Pareto-optimal configurations named."""
     blocks: list[Block] = [("h2", "Trade-offs")]
-    for x, x_label, minimize, png, what in (
-        ("size_kib", "model size (KiB)", True, SIZE_PNG, "accuracy vs model size"),
-        ("throughput_img_s", "throughput (img/s)", False, THROUGHPUT_PNG, "accuracy vs throughput"),
-    ):
-        points = report.table.dropna(subset=[x, "accuracy_pct"]).reset_index(drop=True)
+    machines = _machine_names(report.table)
+    panels = [("size_kib", "model size (KiB)", True, SIZE_PNG, "accuracy vs model size", report.table)]
+    for label, short in machines.items():  # speed compares only within one machine
+        png = THROUGHPUT_PNG if len(machines) == 1 else THROUGHPUT_PNG.replace(".png", f"_{short}.png")
+        what = "accuracy vs throughput" + (f" on {short} ({label})" if len(machines) > 1 else "")
+        rows = report.table[report.table["hardware"] == label]
+        panels.append(("throughput_img_s", "throughput (img/s)", False, png, what, rows))
+    for x, x_label, minimize, png, what, rows in panels:
+        points = rows.dropna(subset=[x, "accuracy_pct"]).reset_index(drop=True)
         if points.empty:
             continue
         front = pareto_front(points[x].to_numpy(), points["accuracy_pct"].to_numpy(), minimize_x=minimize)

@@ -29,13 +29,24 @@ from mlflow.entities import Metric, Param, RunStatus, RunTag
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig, OmegaConf
 
+from resnet8ptq import hardware
+
 log = logging.getLogger(__name__)
 
 PARENT_RUN_ENV = "RESNET8PTQ_PARENT_RUN_ID"
 PROJECT_DIR = Path(__file__).resolve().parents[1]
 # The settings that determine a run's result (with the model and library versions, see `config_hash`);
 # their hash tags a quantized run so that a rerun of the same configuration is recognised and skipped.
-RESULT_KEYS = ("backend", "dtype", "calib", "per_channel", "data.calib_per_class", "data.seed")
+RESULT_KEYS = (
+    "backend",
+    "dtype",
+    "calib",
+    "per_channel",
+    "reduce_range",
+    "native_tolerance_points",
+    "data.calib_per_class",
+    "data.seed",
+)
 # Config-group choice labels that run_params adds: only the groups' content counts (dtype=u8s8 is
 # dtype.activation=uint8 + dtype.weight=int8).
 GROUP_CHOICES = ("backend", "dtype", "calib")
@@ -352,6 +363,7 @@ class SweepRunCallback(Callback):
                 "sweep_dir": str(output_dir.resolve()),
                 "overrides": overrides[:5000],
                 "git_commit": git_commit(),
+                **hardware.detect().tags(),
                 **process_tags(),
             },
         )

@@ -31,11 +31,9 @@ def calibration_images(cifar: Cifar10) -> np.ndarray:
 def onnx_quantized(
     canonical_model: CanonicalModel, calibration_images: np.ndarray, tmp_path_factory: pytest.TempPathFactory
 ) -> dict[str, QuantizedModel]:
-    backend = OnnxRuntimeBackend()
-    fp32 = backend.load_fp32(canonical_model.onnx_path, tmp_path_factory.mktemp("fp32"))
+    backend = OnnxRuntimeBackend(native=False)
     return {
         method: backend.quantize(
-            fp32,
             canonical_model.onnx_path,
             calibration_images,
             QuantSpec("uint8", "int8", spec, False),

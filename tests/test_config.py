@@ -56,7 +56,12 @@ def test_backend_group() -> None:
 
 @pytest.mark.parametrize(
     ("override", "expected"),
-    [("per_channel=maybe", "is not a valid bool"), ("data.calib_per_class=lots", "to Integer")],
+    [
+        ("per_channel=maybe", "is not a valid bool"),
+        ("reduce_range=sometimes", "is not a valid bool"),
+        ("data.calib_per_class=lots", "to Integer"),
+        ("native_tolerance_points=small", "to Float"),
+    ],
 )
 def test_wrong_types_are_rejected(override: str, expected: str) -> None:
     with pytest.raises(ConfigCompositionException, match=f"Error merging override {override}") as info:
@@ -70,6 +75,7 @@ def test_wrong_types_are_rejected(override: str, expected: str) -> None:
         ("calib.num_quantized_bins=2048", "num_quantized_bins"),
         ("calib.percentile=101", "percentile"),
         ("dtype.activation=int4", "dtype.activation"),
+        ("native_tolerance_points=-0.1", "native_tolerance_points"),
     ],
 )
 def test_bad_values_are_rejected(override: str, message: str) -> None:

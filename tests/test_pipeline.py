@@ -9,10 +9,13 @@ import pytest
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
+from resnet8ptq import hardware
 from resnet8ptq.data import CLASS_NAMES
+from resnet8ptq.execution import NATIVE, NATIVE_MISMATCH
 
 QUANTIZED_METRICS = {
     "accuracy",
+    "accuracy_reference",
     "accuracy_delta",
     "model_size_bytes",
     "fp32_size_bytes",
@@ -32,6 +35,11 @@ QUANTIZED_TAGS = {
     "calib",
     "quantized",
     "execution",
+    "execution_reason",
+    "reduce_range",
+    "hardware.cpu",
+    "hardware.isa",
+    "hardware.cores",
     "git_commit",
     "version.onnxruntime",
     "version.onnx",
@@ -121,6 +129,41 @@ def test_quantized_runs_are_complete(sweep: tuple[Path, list[Run]]) -> None:
         assert metrics["model_size_bytes"] < 0.5 * metrics["fp32_size_bytes"]
         assert tags["quantized"] == "true" and tags["backend"] == "onnx"
         assert run.data.params["backend"] == "onnx" and run.data.params["per_channel"] == "False"
+
+
+def test_every_run_records_the_hardware(sweep: tuple[Path, list[Run]]) -> None:
+    _, runs = sweep
+    assert len(runs) == 5  # parent, FP32 baseline, 3 quantized
+    for run in runs:
+        assert {
+            k: v for k, v in run.data.tags.items() if k.startswith("hardware.")
+        } == hardware.detect().tags()
+
+
+def test_reference_and_native_accuracy(sweep: tuple[Path, list[Run]]) -> None:
+    """`accuracy` is the reference semantics; where ORT's fused integer kernels ran, their accuracy and gap
+    are logged and `execution` says whether they matched. Without an int8 dot product (AVX2), ORT's
+    uint8 x int8 kernels saturate on this model (measured: -1.39 points) and the run says so."""
+    _, runs = sweep
+    quantized = {r.data.params["dtype"]: r for r in runs if r.data.tags.get("quantized") == "true"}
+    for dtype, run in quantized.items():
+        metrics, tags = run.data.metrics, run.data.tags
+        assert metrics["accuracy"] == metrics["accuracy_reference"]
+        assert tags["execution"] in (NATIVE, NATIVE_MISMATCH), (dtype, tags["execution_reason"])
+        assert "integer kernels" in tags["execution_reason"]
+        gap = metrics["kernel_gap_points"]
+        assert gap == pytest.approx(100 * (metrics["accuracy_native"] - metrics["accuracy"]), abs=1e-6)
+        assert (tags["execution"] == NATIVE) == (abs(gap) <= 0.3), (dtype, gap)
+    for dtype in ("int8", "uint8"):  # no saturating u8 x s8 pairs: the kernels match on every CPU
+        assert quantized[dtype].data.tags["execution"] == NATIVE, quantized[dtype].data.tags[
+            "execution_reason"
+        ]
+    u8s8 = quantized["u8s8"].data.tags
+    if hardware.detect().has_int8_dot_product:
+        assert u8s8["execution"] == NATIVE, u8s8["execution_reason"]
+    else:
+        assert u8s8["execution"] == NATIVE_MISMATCH, u8s8["execution_reason"]
+        assert "vpmaddubsw" in u8s8["execution_reason"] and "reduce_range=true" in u8s8["execution_reason"]
 
 
 def test_logged_model_is_the_measured_file(sweep: tuple[Path, list[Run]]) -> None:

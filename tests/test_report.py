@@ -14,6 +14,7 @@ from mlflow.tracking import MlflowClient
 
 from resnet8ptq import report
 from resnet8ptq.data import CLASS_NAMES
+from resnet8ptq.hardware import Hardware
 from resnet8ptq.tracking import SweepRunCallback
 
 REPORT_FILES = {
@@ -42,6 +43,10 @@ LABELS = {
 }
 # B loses 16 points on dog (0.71 vs 0.87) and gains 2 on cat, so its classes still average to 0.80.
 CLASS_OVERRIDES = {"B": {"dog": 0.71, "cat": 0.89}}
+AVX2 = Hardware("AMD EPYC", ("avx2", "fma"), 2)
+VNNI = Hardware("Intel Xeon", ("avx2", "avx512f", "avx512_vnni", "amx_int8"), 2)
+# C's fused u8 x s8 kernels lose 2 points against its reference on the AVX2 machine of the main sweep.
+NATIVE_C = {"accuracy_native": 0.835, "kernel_gap_points": -2.0}
 
 
 @dataclass
@@ -112,7 +117,7 @@ def build_store(root: Path) -> Store:
     runs = {}
     for start, (backend, (accuracy, size, throughput)) in enumerate(FP32.items(), 2_001):
         run_id = _run(client, experiment_id, main, f"{backend}-fp32", start, quantized="false")
-        tags = {"backend": backend, "dtype.activation": "float32", "dtype.weight": "float32"}
+        tags = {"backend": backend, "dtype.activation": "float32", "dtype.weight": "float32", **AVX2.tags()}
         metrics = _metrics("fp32", accuracy, size, throughput) | {"fp32_size_bytes": size}
         _log(client, run_id, metrics, {"backend": backend}, tags, "FINISHED")
         runs[f"{backend}-fp32"] = run_id
@@ -126,7 +131,10 @@ def build_store(root: Path) -> Store:
             "size_ratio": size / fp32_size,
         }
         execution = "simulated" if backend == "torch" else "native"
-        tags = {
+        if name == "C":
+            execution = "native-mismatch"
+            metrics |= NATIVE_C
+        tags = AVX2.tags() | {
             "backend": backend,
             "dtype.activation": activation,
             "dtype.weight": weight,
@@ -232,6 +240,42 @@ def test_ties_within_tolerance_go_to_the_more_accurate(table: pd.DataFrame) -> N
     close.loc[close["label"] == LABELS["A"], "model_size_bytes"] = 100_500  # within 1% of E's 100,000
     picks, _ = report.recommendations(close, max_drop_points=5.0)
     assert {p.what: p.label for p in picks}["Smallest model"] == LABELS["A"]
+
+
+def test_reference_and_native_side_by_side(written: Path) -> None:
+    text = (written / "report.md").read_text()
+    assert f"- hardware: {AVX2.label}" in text
+    assert "| 85.50 | -1.50 | 109.4 | 2.86x | 2000 | 0.500 | native-mismatch | 83.50 | -2.00 |" in text
+    section = text.split("## Reference and native execution")[1].split("## ")[0]
+    assert f"| {LABELS['C']} | {AVX2.label} | 85.50 | 83.50 | -2.00 | native-mismatch |" in section
+    assert f"**native-mismatch** ({LABELS['C']}): this CPU has no int8 dot-product" in section
+    assert "reduce_range=true" in section
+    assert f"**simulated** (simulated because synthetic): {LABELS['D']}, {LABELS['E']}" in section
+
+
+def test_runs_from_two_machines_are_kept_apart(table: pd.DataFrame, tmp_path: Path) -> None:
+    """Speed compares only within one machine: one fastest pick and one throughput plot per machine, a
+    machine column; accuracy (the reference semantics) is still compared across them."""
+    mixed = table.copy()
+    mixed.loc[mixed["backend"] == "torch", "hardware"] = VNNI.label
+    picks, _ = report.recommendations(mixed, max_drop_points=5.0)
+    named = {pick.what: pick.label for pick in picks}
+    assert named[f"Fastest on {AVX2.label}"] == LABELS["A"]
+    assert named[f"Fastest on {VNNI.label}"] == LABELS["D"]
+    assert named["Best accuracy"] == LABELS["D"]
+    assert "Fastest" not in named
+    rows = report.comparison_rows(mixed, 5.0)
+    machine = rows.headers.index("machine")
+    assert {row[0]: row[machine] for row in rows.rows}[LABELS["D"]] == "M2"
+    assert "runs from 2 machines" in report.hardware_lines(mixed)[0]
+    out = report.Report("t", [], mixed, mixed.iloc[0:0], 5.0, tmp_path)
+    blocks = report.tradeoff_blocks(out)
+    assert sorted(image.path.name for image in out.images) == [
+        "report_accuracy_vs_size.png",
+        "report_accuracy_vs_throughput_M1.png",
+        "report_accuracy_vs_throughput_M2.png",
+    ]
+    assert any("on M2" in block[1] for block in blocks if isinstance(block, tuple))
 
 
 def test_failed_run_is_listed(written: Path) -> None:

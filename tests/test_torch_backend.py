@@ -17,15 +17,18 @@ import pytest
 pytest.importorskip("torchao")
 pytest.importorskip("onnx2torch")
 
+from resnet8ptq import hardware
 from resnet8ptq.backends import get_backend
 from resnet8ptq.backends.base import QuantizedModel, QuantSpec
-from resnet8ptq.backends.torch import TorchBackend, load_program, qdq_counts
+from resnet8ptq.backends.torch import TorchBackend, load_program, qdq_counts, quantized_weights
 from resnet8ptq.calibration import CalibSpec, batches
 from resnet8ptq.data import Cifar10, calibration_set, to_model_input
+from resnet8ptq.execution import NATIVE, NATIVE_MISMATCH, judge
 from resnet8ptq.model import CanonicalModel
 
 FP32_CORRECT = 8719
 MIN_QUANT_ACCURACY = 0.855
+TOLERANCE_POINTS = 0.3  # the default native_tolerance_points
 PAIRS = {  # dtype pair -> per_channel (both granularities get covered)
     ("int8", "int8"): False,
     ("uint8", "uint8"): True,
@@ -69,21 +72,20 @@ def fp32(backend, onnx_path, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def quantized(backend, fp32, onnx_path, calib_images, test_set, tmp_path_factory) -> dict:
-    """One minmax model per dtype pair, verified (native vs simulated) on the test set."""
+def quantized(backend, onnx_path, calib_images, tmp_path_factory) -> dict:
+    """One minmax model per dtype pair (uint8/int8 with its compiled int8-kernel runtime form)."""
     models = {}
     for (act, weight), per_channel in PAIRS.items():
         spec = QuantSpec(act, weight, CalibSpec("minmax"), per_channel)
         workdir = tmp_path_factory.mktemp(f"q_{act}_{weight}")
-        models[act, weight] = backend.quantize(
-            fp32, onnx_path, calib_images, spec, workdir, verify_images=test_set[0], verify_labels=test_set[1]
-        )
+        models[act, weight] = backend.quantize(onnx_path, calib_images, spec, workdir)
     return models
 
 
 @pytest.fixture(scope="module")
 def accuracies(quantized, test_set) -> dict:
-    return {pair: _accuracy(q.predict(test_set[0]), test_set[1]) for pair, q in quantized.items()}
+    """Reference accuracy of each model on the full test set."""
+    return {pair: _accuracy(q.reference(test_set[0]), test_set[1]) for pair, q in quantized.items()}
 
 
 # --------------------------------------------------------------------------------------------- FP32
@@ -137,31 +139,55 @@ def test_quantized_file_size_is_honest(pair, quantized, fp32):
 
 
 @pytest.mark.parametrize("pair", list(PAIRS), ids=lambda p: "/".join(p))
-def test_execution_matches_what_ran(pair, quantized, test_set):
+def test_reference_is_the_saved_program_and_runtime_what_ran(pair, quantized, test_set):
     q = quantized[pair]
     images = test_set[0][:1000]
     eager = load_program(q.path).module()
     import torch
 
     with torch.inference_mode():
-        simulated = np.concatenate([eager(torch.from_numpy(b)).numpy() for b in batches(images, 500)])
-    assert q.tags["execution_reason"]
-    assert "compile_seconds" in q.metrics
-    if q.execution == "simulated":
-        np.testing.assert_array_equal(q.predict(images), simulated)
-    else:
-        assert q.execution == "native"
-        assert pair == ("uint8", "int8")  # the only pair x86 integer kernels take
+        saved = np.concatenate([eager(torch.from_numpy(b)).numpy() for b in batches(images, 500)])
+    np.testing.assert_array_equal(q.reference(images), saved)
+    if pair == ("uint8", "int8"):  # the only pair x86 integer kernels take
+        assert q.runtime.integer_kernels, q.runtime.kernels
+        assert "9/9 conv and 1/1 linear" in q.runtime.kernels
         assert q.metrics["compile_seconds"] > 0
-        assert abs(q.metrics["native_accuracy"] - q.metrics["simulated_accuracy"]) <= 0.003
-        assert not np.array_equal(q.predict(images), simulated)  # a different (integer) kernel ran
-    if pair != ("uint8", "int8"):
-        assert q.execution == "simulated"
+        assert not np.array_equal(q.runtime.predict(images), saved)  # a different (integer) kernel ran
+    else:
+        assert not q.runtime.integer_kernels and q.runtime.predict is q.reference
+        assert "need uint8 activations and int8 weights" in q.runtime.kernels
+        assert q.metrics["compile_seconds"] == 0
 
 
-def test_native_is_used_for_uint8_int8(quantized):
+def test_native_kernels_against_the_reference(quantized, accuracies, test_set):
+    """On a CPU with an int8 dot product (VNNI/AMX) inductor's int8 kernels match the reference; without
+    one (AVX2) their saturating u8 x s8 pairs lose accuracy on this model, and the rule says so."""
     q = quantized["uint8", "int8"]
-    assert q.execution == "native", q.tags["execution_reason"]
+    native = _accuracy(q.runtime.predict(test_set[0]), test_set[1])
+    machine = hardware.detect()
+    verdict = judge(
+        accuracies["uint8", "int8"], native, q.runtime, TOLERANCE_POINTS, machine, ("uint8", "int8")
+    )
+    assert verdict.gap_points == pytest.approx(100 * (native - accuracies["uint8", "int8"]))
+    if machine.has_int8_dot_product:
+        assert verdict.execution == NATIVE, verdict.reason
+    else:
+        assert verdict.execution == NATIVE_MISMATCH, verdict.reason
+        assert verdict.gap_points < -TOLERANCE_POINTS and "reduce_range=true" in verdict.reason
+
+
+def test_reduce_range_native_matches_the_reference_on_any_cpu(onnx_path, calib_images, test_set, tmp_path):
+    """7-bit weights keep u8 x s8 pair sums inside 16 bits: the int8 kernels match the reference on every
+    CPU, and every stored weight lies in ORT's reduced range [-64, 64]."""
+    spec = QuantSpec("uint8", "int8", CalibSpec("minmax"), True, reduce_range=True)
+    q = TorchBackend().quantize(onnx_path, calib_images, spec, tmp_path)
+    reference = _accuracy(q.reference(test_set[0]), test_set[1])
+    native = _accuracy(q.runtime.predict(test_set[0]), test_set[1])
+    assert q.runtime.integer_kernels
+    assert abs(native - reference) * 100 <= TOLERANCE_POINTS, (native, reference)
+    assert reference >= MIN_QUANT_ACCURACY
+    weights = quantized_weights(load_program(q.path))
+    assert len(weights) == 10 and all(int(w.min()) >= -64 and int(w.max()) <= 64 for w in weights)
 
 
 def test_reload_in_fresh_process(quantized, accuracies, assets_dir):
@@ -182,9 +208,8 @@ def test_reload_in_fresh_process(quantized, accuracies, assets_dir):
     )
     assert result.returncode == 0, result.stderr[-3000:]
     reloaded = json.loads(result.stdout.strip().splitlines()[-1])
-    for pair, q in quantized.items():
-        expected = q.metrics["simulated_accuracy"] if q.execution == "native" else accuracies[pair]
-        assert reloaded["/".join(pair)] == expected, pair
+    for pair in quantized:
+        assert reloaded["/".join(pair)] == accuracies[pair], pair
 
 
 # --------------------------------------------------------------------------------------- calibration
@@ -224,7 +249,6 @@ def calibrated(fp32, onnx_path, calib_images, tmp_path_factory) -> dict:
     calibs = {"minmax": CalibSpec("minmax"), **HISTOGRAM_CALIBS}
     return {
         method: backend.quantize(
-            None,
             onnx_path,
             calib_images,
             QuantSpec("uint8", "int8", calib, True),

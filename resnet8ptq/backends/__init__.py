@@ -14,7 +14,7 @@ BACKENDS = {
 
 
 @functools.cache
-def get_backend(name: str, threads: int | None = None) -> Backend:
+def get_backend(name: str, native: bool = True, threads: int | None = None) -> Backend:
     """The backend registered as ``name`` (the `backend` config choice); one instance per process and
     settings, so that what it caches (the FP32 baseline) is reused by every run of a multirun."""
     if name not in BACKENDS:
@@ -27,4 +27,4 @@ def get_backend(name: str, threads: int | None = None) -> Backend:
             f"backend={name} needs packages that are not installed ({err.name}). "
             f"Install them with: pip install -e '.[{name}]'"
         ) from err
-    return getattr(module, class_name)(threads=threads)
+    return getattr(module, class_name)(native=native, threads=threads)

@@ -26,13 +26,15 @@ class QuantSpec:
     weight: str
     calib: CalibSpec
     per_channel: bool
+    reduce_range: bool = False  # weights in 7 bits (ORT's reduce_range): no u8s8 saturation without VNNI
 
     def __post_init__(self) -> None:
         for role, value in (("activation", self.activation), ("weight", self.weight)):
             if value not in QUANT_DTYPES:
                 raise ValueError(f"dtype.{role}={value!r}: expected one of {', '.join(QUANT_DTYPES)}.")
-        if not isinstance(self.per_channel, bool):
-            raise ValueError(f"per_channel={self.per_channel!r}: expected true or false.")
+        for name in ("per_channel", "reduce_range"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name}={getattr(self, name)!r}: expected true or false.")
 
 
 @dataclass(frozen=True)
@@ -61,13 +63,24 @@ class Model:
     path: Path
 
 
-@dataclass
-class QuantizedModel(Model):
-    """A quantized model with what the run logs about how it was made."""
+@dataclass(frozen=True)
+class Runtime:
+    """How the library runs a quantized model on this CPU: its predictor and which kernels it uses."""
 
+    predict: Predictor
+    integer_kernels: bool  # whether integer (int8/uint8) kernels run the conv/linear layers
+    kernels: str  # what ran (e.g. "QLinearConv x9, QGemm x1"), or why no integer kernel did
+
+
+@dataclass
+class QuantizedModel:
+    """A quantized model, saved, in its two forms, with what the run logs about how it was made."""
+
+    path: Path
+    reference: Predictor  # the exact quantize/dequantize semantics (same on every CPU up to float rounding)
+    runtime: Runtime  # what the library executes on this CPU (may be ``reference`` itself)
     activation_dtype: str  # effective, read back from the saved model
     weight_dtype: str  # effective, read back from the saved model
-    execution: str  # "native": real integer kernels ran; "simulated": quantize/dequantize in float
     ranges: list[TensorRange]
     calib_seconds: float
     quantize_seconds: float
@@ -80,8 +93,10 @@ class Backend(ABC):
 
     NAME: ClassVar[str]
 
-    def __init__(self, threads: int | None = None) -> None:
-        """``threads``: compute threads for inference (None: the library's default, all cores)."""
+    def __init__(self, native: bool = True, threads: int | None = None) -> None:
+        """``native``: also build the runtime's integer-kernel form where it has one (False: reference only).
+        ``threads``: compute threads for inference (None: the library's default, all cores)."""
+        self.native = native
         self.threads = threads
 
     @abstractmethod
@@ -90,9 +105,10 @@ class Backend(ABC):
 
     @abstractmethod
     def quantize(
-        self, fp32: Model, onnx_path: Path, calibration_images: np.ndarray, spec: QuantSpec, workdir: Path
+        self, onnx_path: Path, calibration_images: np.ndarray, spec: QuantSpec, workdir: Path
     ) -> QuantizedModel:
-        """Calibrate on ``calibration_images`` (NHWC float32) and quantize; save the model under workdir."""
+        """Calibrate on ``calibration_images`` (NHWC float32) and quantize the canonical model at
+        ``onnx_path``; save the model under ``workdir``."""
 
     @abstractmethod
     def layer_errors(

@@ -7,11 +7,13 @@ import importlib.metadata
 import io
 import shutil
 import time
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
 import onnx
 import onnxruntime as ort
+from onnx import numpy_helper
 from onnxruntime.quantization import (
     CalibrationDataReader,
     QuantFormat,
@@ -23,24 +25,36 @@ from onnxruntime.quantization.calibrate import save_tensors_data
 from onnxruntime.quantization.qdq_loss_debug import (
     collect_activations,
     compute_activation_error,
-    compute_weight_error,
+    compute_signal_to_quantization_noice_ratio,
     create_activation_matching,
-    create_weight_matching,
     modify_model_output_intermediate_tensors,
 )
 from onnxruntime.quantization.registry import QDQRegistry, QLinearOpsRegistry
 from tqdm import tqdm
 
-from resnet8ptq.backends.base import Backend, LayerError, Model, QuantizedModel, QuantSpec, TensorRange
+from resnet8ptq.backends.base import (
+    Backend,
+    LayerError,
+    Model,
+    QuantizedModel,
+    QuantSpec,
+    Runtime,
+    TensorRange,
+)
 from resnet8ptq.calibration import batches
 from resnet8ptq.model import save_onnx
 
 ORT_TYPES = {"int8": QuantType.QInt8, "uint8": QuantType.QUInt8}
 ONNX_DTYPE_NAMES = {onnx.TensorProto.INT8: "int8", onnx.TensorProto.UINT8: "uint8"}
 EVAL_CHUNK = 100
+NO_NATIVE = "native execution disabled (backend.native=false): the reference semantics only"
 # The op types quantize_static calibrates and quantizes by default: calibrating the same set here makes
 # the calibration cache we hand it complete.
 OP_TYPES = sorted(set(QLinearOpsRegistry) | set(QDQRegistry))
+# Layers with weights, as ORT's optimiser leaves them: in integer kernels, or in float (plain ONNX ops, the
+# fused and the NCHWc-blocked variants).
+INTEGER_WEIGHTED_OPS = {"QLinearConv", "QGemm", "QLinearMatMul", "ConvInteger", "MatMulInteger"}
+FLOAT_WEIGHTED_OPS = {"Conv", "Gemm", "MatMul", "FusedConv", "FusedGemm", "FusedMatMul"}
 
 
 class ImageReader(CalibrationDataReader):
@@ -83,12 +97,24 @@ def _input_tensors(path: Path) -> set[str]:
     return tensors
 
 
-def session(path: Path, threads: int | None = None) -> ort.InferenceSession:
-    """A CPU inference session for the model at ``path`` (``threads`` intra-op threads; None: all cores)."""
+def session(
+    path: Path, threads: int | None = None, optimize: bool = True, optimized_path: Path | None = None
+) -> ort.InferenceSession:
+    """A CPU inference session for the model at ``path`` (``threads`` intra-op threads; None: all cores).
+
+    ``optimize=False`` turns graph optimisations off: a QDQ model then runs its exact quantize/dequantize
+    semantics (float ops between QuantizeLinear/DequantizeLinear). ``optimized_path``: where ORT saves the
+    graph it runs after optimisation (which ops were fused into integer kernels).
+    """
     options = ort.SessionOptions()
     if threads:
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
+    if not optimize:
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    if optimized_path is not None:
+        options.optimized_model_filepath = str(optimized_path)
+        options.log_severity_level = 3  # ORT warns that an NCHWc-optimised graph is hardware-specific
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
@@ -125,6 +151,55 @@ def effective_types(model: onnx.ModelProto) -> tuple[str, str]:
     return ONNX_DTYPE_NAMES[activation.pop()], ONNX_DTYPE_NAMES[weight.pop()]
 
 
+def kernel_summary(optimized: onnx.ModelProto) -> tuple[bool, str]:
+    """Whether the optimised graph runs its conv/gemm layers in integer kernels, and which ops it runs."""
+    counts = Counter(node.op_type for node in optimized.graph.node)
+    integer = {op: n for op, n in sorted(counts.items()) if op in INTEGER_WEIGHTED_OPS}
+    in_float = {op: n for op, n in sorted(counts.items()) if op in FLOAT_WEIGHTED_OPS}
+    layers = sum(integer.values()) + sum(in_float.values())
+    listed = ", ".join(f"{op} x{n}" for op, n in integer.items())
+    if not integer:
+        return False, (
+            f"ONNX Runtime's optimised graph keeps all {layers} conv/gemm layers in float between "
+            f"DequantizeLinear and QuantizeLinear (no integer kernel for this model)"
+        )
+    floats = ", ".join(f"{op} x{n}" for op, n in in_float.items())
+    rest = f"; in float: {floats}" if floats else ""
+    share = f"{sum(integer.values())}/{layers}"
+    return True, f"ONNX Runtime runs {share} conv/gemm layers in integer kernels ({listed}{rest})"
+
+
+def dequantized_weights(qdq: onnx.ModelProto) -> dict[str, np.ndarray]:
+    """The float weight each constant DequantizeLinear of a QDQ model produces, keyed by the float weight's
+    name (ORT names the quantized copy `<name>_quantized`).
+
+    ONNX's DequantizeLinear semantics, ``(x - zero_point) * scale``, with the subtraction done in int32 as
+    ORT's kernel does. ORT's ``qdq_loss_debug.create_weight_matching`` subtracts in the integer type itself,
+    which wraps around for uint8 weights (e.g. 3 - 130 = 129) and reports a negative SQNR for them.
+    """
+    inits = {init.name: init for init in qdq.graph.initializer}
+    weights = {}
+    for node in qdq.graph.node:
+        if node.op_type != "DequantizeLinear" or node.input[0] not in inits:
+            continue
+        if not node.input[0].endswith("_quantized"):
+            continue
+        values = numpy_helper.to_array(inits[node.input[0]]).astype(np.int32)
+        scale = numpy_helper.to_array(inits[node.input[1]]).astype(np.float32)
+        zero_point = (
+            numpy_helper.to_array(inits[node.input[2]]).astype(np.int32)
+            if len(node.input) > 2 and node.input[2]
+            else np.zeros_like(scale, dtype=np.int32)
+        )
+        if scale.size > 1:  # per channel, along `axis` (default 1)
+            axis = next((attr.i for attr in node.attribute if attr.name == "axis"), 1) % values.ndim
+            shape = [1] * values.ndim
+            shape[axis] = scale.size
+            scale, zero_point = scale.reshape(shape), zero_point.reshape(shape)
+        weights[node.input[0].removesuffix("_quantized")] = (values - zero_point).astype(np.float32) * scale
+    return weights
+
+
 class OnnxRuntimeBackend(Backend):
     """Quantizes the canonical ONNX model with ``onnxruntime.quantization.quantize_static``."""
 
@@ -134,13 +209,7 @@ class OnnxRuntimeBackend(Backend):
         return Model(predict=predictor(session(onnx_path, self.threads)), path=onnx_path)
 
     def quantize(
-        self,
-        fp32: Model,
-        onnx_path: Path,
-        calibration_images: np.ndarray,
-        spec: QuantSpec,
-        workdir: Path,
-        **_: object,
+        self, onnx_path: Path, calibration_images: np.ndarray, spec: QuantSpec, workdir: Path
     ) -> QuantizedModel:
         workdir.mkdir(parents=True, exist_ok=True)
         ranges_path = workdir / "calibration_ranges.json"
@@ -177,6 +246,7 @@ class OnnxRuntimeBackend(Backend):
             activation_type=ORT_TYPES[spec.activation],
             weight_type=ORT_TYPES[spec.weight],
             per_channel=spec.per_channel,
+            reduce_range=spec.reduce_range,
             op_types_to_quantize=OP_TYPES,
         )
         quantized = onnx.load(out)
@@ -188,17 +258,25 @@ class OnnxRuntimeBackend(Backend):
             TensorRange(name, float(np.min(data.range_value[0])), float(np.max(data.range_value[1])))
             for name, data in sorted(tensors_range.data.items())
         ]
+        reference = predictor(session(out, self.threads, optimize=False))
         return QuantizedModel(
-            predict=predictor(session(out, self.threads)),
             path=out,
+            reference=reference,
+            runtime=self._runtime(out, workdir) if self.native else Runtime(reference, False, NO_NATIVE),
             activation_dtype=activation_dtype,
             weight_dtype=weight_dtype,
-            execution="native",
             ranges=ranges,
             calib_seconds=calib_seconds,
             quantize_seconds=quantize_seconds,
-            tags={"execution_reason": "ONNX Runtime CPU EP fuses the QDQ pairs into integer kernels"},
         )
+
+    def _runtime(self, path: Path, workdir: Path) -> Runtime:
+        """The model as ORT deploys it (all graph optimisations) and the kernels its optimised graph runs."""
+        optimized = workdir / "runtime_optimized.onnx"
+        sess = session(path, self.threads, optimize=True, optimized_path=optimized)
+        integer_kernels, kernels = kernel_summary(onnx.load(optimized))
+        optimized.unlink()
+        return Runtime(predictor(sess), integer_kernels, kernels)
 
     def layer_errors(
         self, fp32: Model, quantized: QuantizedModel, onnx_path: Path, images: np.ndarray, workdir: Path
@@ -221,11 +299,15 @@ class OnnxRuntimeBackend(Backend):
             for tensor, result in compute_activation_error(matched).items()
             if "xmodel_err" in result and tensor not in lossless
         ]
-        weights = create_weight_matching(str(onnx_path), str(quantized.path))
+        floats = {init.name: init for init in onnx.load(onnx_path).graph.initializer}
         errors += [
-            LayerError(layer_name(name), "weight", sqnr)
-            for name, sqnr in compute_weight_error(weights).items()
-            if weights[name]["float"].ndim >= 2  # conv / gemm weights, not biases
+            LayerError(
+                layer_name(name),
+                "weight",
+                compute_signal_to_quantization_noice_ratio(numpy_helper.to_array(floats[name]), dequantized),
+            )
+            for name, dequantized in dequantized_weights(onnx.load(quantized.path)).items()
+            if dequantized.ndim >= 2  # conv / gemm weights, not biases
         ]
         return errors
 

@@ -9,9 +9,10 @@ Calibration means what it means in the ONNX Runtime backend: every activation ob
 range into scale/zero point with ORT's ``compute_scale_zp``; weights get plain min/max, symmetric for int8
 and asymmetric for uint8 (ORT's ``WeightSymmetric`` default).
 
-Execution is "simulated" (the converted program run eagerly: float quantize/dequantize, exact quantized
-numerics) unless ``TorchBackend(native=True)`` asks for inductor's x86 integer kernels, which are used only
-when inductor lowers every conv/linear to a oneDNN int8 kernel and the result matches the simulated model.
+The reference form is the converted program run eagerly (float quantize/dequantize: the exact quantized
+numerics). The runtime form, for uint8 activations with int8 weights (the only pair x86 int8 kernels take), is
+the program compiled by inductor into oneDNN int8 kernels, used when inductor lowers every conv/linear layer;
+the pipeline then checks it against the reference on the test set (:mod:`resnet8ptq.execution`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ import math
 import time
 from collections import Counter
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +44,7 @@ from resnet8ptq.backends.base import (
     Predictor,
     QuantizedModel,
     QuantSpec,
+    Runtime,
     TensorRange,
 )
 from resnet8ptq.calibration import CalibSpec, RangeCollector, batches
@@ -54,8 +55,6 @@ PREDICT_BATCH = 500
 """Images per forward pass in a predictor (bounds activation memory for large inputs)."""
 EXAMPLE_BATCH = 2
 """Images in the example input given to torch.export (batch 1 would specialise the batch dimension)."""
-NATIVE_TOLERANCE = 0.003
-"""Largest accuracy gap (fraction) between native and simulated execution before native is rejected."""
 
 _QDTYPES = {"int8": torch.int8, "uint8": torch.uint8}
 
@@ -150,20 +149,25 @@ def load_quantized(path: str | Path) -> Predictor:
 # ------------------------------------------------------------------------------------------- observers
 
 
-def _ort_qrange(dtype: torch.dtype, symmetric: bool) -> tuple[np.ndarray, np.ndarray]:
-    """ORT's (qmin, qmax) for a dtype: int8 symmetric is [-127, 127], otherwise the full range."""
+def _ort_qrange(
+    dtype: torch.dtype, symmetric: bool, reduce_range: bool = False
+) -> tuple[np.ndarray, np.ndarray]:
+    """ORT's (qmin, qmax) for a dtype: int8 symmetric is [-127, 127], otherwise the full range; with
+    ``reduce_range`` one bit less (int8 [-64, 64], uint8 [0, 127]), as ORT quantizes weights then."""
     from onnx import TensorProto
     from onnxruntime.quantization.quant_utils import get_qmin_qmax_for_qType
 
     qtype = TensorProto.INT8 if dtype == torch.int8 else TensorProto.UINT8
-    return get_qmin_qmax_for_qType(qtype, symmetric=symmetric)
+    return get_qmin_qmax_for_qType(qtype, reduce_range=reduce_range, symmetric=symmetric)
 
 
-def ort_scale_zero_point(rmin: float, rmax: float, dtype: torch.dtype, symmetric: bool) -> tuple[float, int]:
+def ort_scale_zero_point(
+    rmin: float, rmax: float, dtype: torch.dtype, symmetric: bool, reduce_range: bool = False
+) -> tuple[float, int]:
     """Scale and zero point exactly as ORT's ``compute_scale_zp`` (the range is extended to include 0)."""
     from onnxruntime.quantization.quant_utils import compute_scale_zp
 
-    qmin, qmax = _ort_qrange(dtype, symmetric)
+    qmin, qmax = _ort_qrange(dtype, symmetric, reduce_range)
     zero_point, scale = compute_scale_zp(
         np.array(rmin, np.float32), np.array(rmax, np.float32), qmin, qmax, symmetric
     )
@@ -198,23 +202,26 @@ class OrtActivationObserver(UniformQuantizationObserverBase):
 
 
 class OrtWeightObserver(UniformQuantizationObserverBase):
-    """Weight min/max observer, per tensor or per channel (``ch_axis``), with ORT's symmetry rule."""
+    """Weight min/max observer, per tensor or per channel (``ch_axis``), with ORT's symmetry rule and
+    ``reduce_range``."""
 
     def __init__(
         self,
         dtype: torch.dtype = torch.int8,
         per_channel: bool = False,
         ch_axis: int = 0,
+        reduce_range: bool = False,
         **kwargs: Any,
     ) -> None:
         symmetric = dtype == torch.int8  # ORT: WeightSymmetric defaults to True for signed types only
-        qmin, qmax = _ort_qrange(dtype, symmetric)
+        qmin, qmax = _ort_qrange(dtype, symmetric, reduce_range)
         kwargs.update(quant_min=int(qmin), quant_max=int(qmax))
         # Per-tensor weights are stored as per-channel vectors repeating one scale/zero point: the same
         # numbers, in the form inductor's x86 int8 conv/linear lowering matches (it needs per-channel ops).
         kwargs["qscheme"] = torch.per_channel_symmetric if symmetric else torch.per_channel_affine
         super().__init__(dtype=dtype, **kwargs)
         self.symmetric = symmetric
+        self.reduce_range = reduce_range
         self.per_channel = per_channel
         self.ch_axis = ch_axis
         self.min_val: torch.Tensor | None = None
@@ -234,7 +241,7 @@ class OrtWeightObserver(UniformQuantizationObserverBase):
         if self.min_val is None or self.max_val is None:
             raise RuntimeError("The weight observer never saw its weight; run calibration first.")
         pairs = [
-            ort_scale_zero_point(lo, hi, self.dtype, self.symmetric)
+            ort_scale_zero_point(lo, hi, self.dtype, self.symmetric, self.reduce_range)
             for lo, hi in zip(self.min_val.tolist(), self.max_val.tolist(), strict=True)
         ]
         scales = torch.tensor([p[0] for p in pairs], dtype=torch.float32)
@@ -295,7 +302,7 @@ def quantization_config(spec: QuantSpec) -> QuantizationConfig:
         qscheme=torch.per_tensor_affine,
         observer_or_fake_quant_ctr=OrtActivationObserver.with_args(calib=spec.calib),
     )
-    wmin, wmax = _ort_qrange(weight_dtype, symmetric=weight_dtype == torch.int8)
+    wmin, wmax = _ort_qrange(weight_dtype, weight_dtype == torch.int8, spec.reduce_range)
     # X86InductorQuantizer accepts only *symmetric* weight qschemes in the spec; the observer sets the
     # effective one (affine for uint8, as ORT does), and convert_pt2e reads it from the observer.
     weight = QuantizationSpec(
@@ -304,7 +311,9 @@ def quantization_config(spec: QuantSpec) -> QuantizationConfig:
         quant_max=int(wmax),
         qscheme=torch.per_channel_symmetric if spec.per_channel else torch.per_tensor_symmetric,
         ch_axis=0 if spec.per_channel else None,
-        observer_or_fake_quant_ctr=OrtWeightObserver.with_args(per_channel=spec.per_channel, ch_axis=0),
+        observer_or_fake_quant_ctr=OrtWeightObserver.with_args(
+            per_channel=spec.per_channel, ch_axis=0, reduce_range=spec.reduce_range
+        ),
     )
     return QuantizationConfig(activation, activation, weight, None, is_qat=False)
 
@@ -458,6 +467,11 @@ def _stored_tensor(program: torch.export.ExportedProgram, node: fx.Node) -> torc
     return program.constants[sig.inputs_to_lifted_tensor_constants[node.name]]
 
 
+def quantized_weights(program: torch.export.ExportedProgram) -> list[torch.Tensor]:
+    """The stored integer weights of a quantized program (the inputs of its weight dequantize ops)."""
+    return [_stored_tensor(program, node.args[0]) for node in weight_dequantizes(program)]
+
+
 def weight_granularity(program: torch.export.ExportedProgram) -> str:
     """Whether some weight has distinct scales across channels ("per-channel") or none ("per-tensor")."""
     for node in weight_dequantizes(program):
@@ -515,11 +529,11 @@ def _count_targets(gm: fx.GraphModule, *targets: Any) -> int:
     return sum(node.op == "call_function" and node.target in targets for node in gm.graph.nodes)
 
 
-def compile_native(module: fx.GraphModule, input_shape: tuple[int, ...]) -> tuple[Predictor, float]:
+def compile_native(module: fx.GraphModule, input_shape: tuple[int, ...]) -> tuple[Predictor, float, str]:
     """torch.compile (inductor, freezing) the converted model for batches of PREDICT_BATCH images.
 
-    Returns the predictor and the compile seconds. Raises NativeUnavailable unless inductor packed every
-    conv and linear weight for a oneDNN int8 kernel (its pattern-matcher counters say so).
+    Returns the predictor, the compile seconds and what was lowered. Raises NativeUnavailable unless inductor
+    packed every conv and linear weight for a oneDNN int8 kernel (its pattern-matcher counters say so).
     """
     from torch._dynamo.utils import counters
 
@@ -548,7 +562,8 @@ def compile_native(module: fx.GraphModule, input_shape: tuple[int, ...]) -> tupl
         )
     with torch._inductor.config.patch(freezing=True), torch.inference_mode():
         compiled(torch.zeros((1, *input_shape)))  # a second specialisation, for single-image latency
-    return _padded_predictor(compiled, input_shape), time.perf_counter() - start
+    lowered = f"{packed[0]}/{expected[0]} conv and {packed[1]}/{expected[1]} linear layers"
+    return _padded_predictor(compiled, input_shape), time.perf_counter() - start, lowered
 
 
 def _padded_predictor(compiled: Any, input_shape: tuple[int, ...]) -> Predictor:
@@ -569,11 +584,6 @@ def _padded_predictor(compiled: Any, input_shape: tuple[int, ...]) -> Predictor:
         return np.concatenate(outputs) if outputs else np.zeros((0, 10), np.float32)
 
     return predict
-
-
-def accuracy(predict: Predictor, images: np.ndarray, labels: np.ndarray) -> float:
-    """Top-1 accuracy of a predictor."""
-    return float(np.mean(predict(images).argmax(axis=1) == np.asarray(labels)))
 
 
 # -------------------------------------------------------------------------------------- layer errors
@@ -818,19 +828,15 @@ def _save(program: torch.export.ExportedProgram, path: Path) -> torch.export.Exp
 class TorchBackend(Backend):
     """onnx2torch + torchao PT2E (X86InductorQuantizer, ORT-equivalent observers), torch.export files.
 
-    ``native=True`` (default) tries inductor's x86 integer kernels for uint8-activation/int8-weight models
-    and keeps them only if they match the simulated model on the verification set; ``native=False``
-    always runs the simulated (eager quantize/dequantize) model and skips the compile.
+    ``native=True`` (default) compiles uint8-activation/int8-weight models into inductor's x86 int8
+    kernels as their runtime form; ``native=False`` runs only the reference (eager quantize/dequantize)
+    program and skips the compile.
     """
 
     NAME = "torch"
 
-    def __init__(
-        self, native: bool = True, tolerance: float = NATIVE_TOLERANCE, threads: int | None = None
-    ) -> None:
-        super().__init__(threads)
-        self.native = native
-        self.tolerance = tolerance
+    def __init__(self, native: bool = True, threads: int | None = None) -> None:
+        super().__init__(native, threads)
         if threads:
             torch.set_num_threads(threads)
 
@@ -841,21 +847,10 @@ class TorchBackend(Backend):
         return Model(predict=make_predictor(program.module()), path=Path(workdir) / "model_fp32.pt2")
 
     def quantize(
-        self,
-        fp32: Model,
-        onnx_path: Path,
-        calibration_images: np.ndarray,
-        spec: QuantSpec,
-        workdir: Path,
-        *,
-        verify_images: np.ndarray | None = None,
-        verify_labels: np.ndarray | None = None,
+        self, onnx_path: Path, calibration_images: np.ndarray, spec: QuantSpec, workdir: Path
     ) -> QuantizedModel:
-        """PT2E static quantization; saves ``model_quantized.pt2`` and picks native or simulated execution.
-
-        ``fp32`` is not reused: prepare_pt2e rewrites the graph it is given, so the model is rebuilt from
-        ``onnx_path``. ``verify_images``/``verify_labels`` (the test set) are needed to trust native kernels.
-        """
+        """PT2E static quantization of a fresh conversion of ``onnx_path`` (prepare_pt2e rewrites the graph it
+        is given); saves ``model_quantized.pt2``; compiles the runtime form where x86 int8 kernels exist."""
         from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
         start = time.perf_counter()
@@ -876,71 +871,55 @@ class TorchBackend(Backend):
         activation_dtype, weight_dtype = effective_dtypes(program)
         quantize_seconds = time.perf_counter() - start - calib_seconds  # as in ORT: calibration apart
 
-        verify = None if verify_images is None or verify_labels is None else (verify_images, verify_labels)
-        execution = self._execution(program, input_shape, (activation_dtype, weight_dtype), verify)
-        log.info(
-            "torch %s/%s model runs %s: %s", activation_dtype, weight_dtype, execution.kind, execution.reason
+        reference = make_predictor(program.module())
+        runtime, compile_seconds = self._runtime(
+            program, input_shape, (activation_dtype, weight_dtype), reference
         )
+        log.info("torch %s/%s runtime: %s", activation_dtype, weight_dtype, runtime.kernels)
         return QuantizedModel(
-            predict=execution.predict,
             path=path,
+            reference=reference,
+            runtime=runtime,
             activation_dtype=activation_dtype,
             weight_dtype=weight_dtype,
-            execution=execution.kind,
             ranges=ranges,
             calib_seconds=calib_seconds,
             quantize_seconds=quantize_seconds,
             metrics={
-                **execution.metrics,
+                "compile_seconds": compile_seconds,
                 **{f"{op}_ops": float(n) for op, n in counts.items()},
                 "weights_bytes": float(_payload_bytes(program)),
             },
             tags={
-                "execution_reason": execution.reason,
                 "weight_granularity": weight_granularity(program),
                 "quantizer": "torchao.pt2e.X86InductorQuantizer+ORT-observers",
             },
         )
 
-    def _execution(
+    def _runtime(
         self,
         program: torch.export.ExportedProgram,
         input_shape: tuple[int, ...],
         dtypes: tuple[str, str],
-        verify: tuple[np.ndarray, np.ndarray] | None,
-    ) -> _Execution:
-        """Native integer kernels when available and verified, else the simulated program."""
-        simulated = _Execution(
-            make_predictor(program.module()), "simulated", metrics={"compile_seconds": 0.0}
-        )
+        reference: Predictor,
+    ) -> tuple[Runtime, float]:
+        """The compiled int8-kernel model where inductor has kernels for it, else the reference program;
+        and the compile seconds."""
         if not self.native:
-            return simulated.because("native execution disabled (TorchBackend(native=False))")
+            return Runtime(reference, False, "native execution disabled (backend.native=false)"), 0.0
         if dtypes != ("uint8", "int8"):
-            return simulated.because(
-                f"x86 integer kernels (oneDNN via inductor) need uint8 activations and int8 weights, "
-                f"not {dtypes[0]}/{dtypes[1]}; ran the PT2E quantize/dequantize program eagerly"
+            reason = (
+                f"x86 integer kernels (oneDNN via inductor) need uint8 activations and int8 weights, not "
+                f"{dtypes[0]}/{dtypes[1]}: the PT2E quantize/dequantize program runs in float"
             )
-        if verify is None:
-            return simulated.because("native kernels not used: no verification set to check them against")
+            return Runtime(reference, False, reason), 0.0
         try:
-            native, seconds = compile_native(program.module(), input_shape)
+            compiled, seconds, lowered = compile_native(program.module(), input_shape)
         except NativeUnavailable as err:
-            simulated.metrics["compile_seconds"] = err.seconds
-            return simulated.because(f"native kernels unavailable ({err}); ran the q/dq program eagerly")
-        simulated.metrics["compile_seconds"] = seconds
-        return self._verified(native, simulated, verify)
-
-    def _verified(
-        self, native: Predictor, simulated: _Execution, verify: tuple[np.ndarray, np.ndarray]
-    ) -> _Execution:
-        sim_acc, native_acc = accuracy(simulated.predict, *verify), accuracy(native, *verify)
-        metrics = {**simulated.metrics, "simulated_accuracy": sim_acc, "native_accuracy": native_acc}
-        simulated.metrics = metrics
-        gap = f"native {native_acc:.4f} vs simulated {sim_acc:.4f} on {len(verify[1])} verification images"
-        if abs(native_acc - sim_acc) > self.tolerance:
-            return simulated.because(f"native kernels rejected: {gap} (tolerance {self.tolerance:.3f})")
-        reason = f"inductor lowered every conv/linear to oneDNN int8 kernels; {gap}"
-        return _Execution(native, "native", reason, metrics)
+            return Runtime(
+                reference, False, f"no integer kernels ({err}): the q/dq program runs"
+            ), err.seconds
+        return Runtime(compiled, True, f"inductor lowered {lowered} to oneDNN int8 kernels"), seconds
 
     def layer_errors(
         self, fp32: Model, quantized: QuantizedModel, onnx_path: Path, images: np.ndarray, workdir: Path
@@ -966,17 +945,3 @@ class TorchBackend(Backend):
             name: importlib.metadata.version(name)
             for name in ("torch", "torchao", "onnx2torch", "torchvision")
         }
-
-
-@dataclass
-class _Execution:
-    """How the quantized model runs: a predictor, "native" or "simulated", why, and what it cost."""
-
-    predict: Predictor
-    kind: str
-    reason: str = ""
-    metrics: dict[str, float] = field(default_factory=dict)
-
-    def because(self, reason: str) -> _Execution:
-        self.reason = reason
-        return self
