@@ -145,7 +145,7 @@ def test_agrees_with_onnx_runtime(name, errors, onnx_path, calib_images, images,
     """Same calibration, same weights: identical weight SQNR (uint8 weights included: ORT's own weight
     matching wraps around there), and identical activation SQNR where both graphs quantize the same tensors.
     Deeper, ORT also quantizes the conv outputs entering each residual add (the x86 recipe fuses conv+add
-    and does not), so torch stays within a dB or two, mostly higher."""
+    and does not), so torch is higher by up to 2.5 dB (per-channel) deeper in."""
     ort_backend = OnnxRuntimeBackend(native=False)
     workdir = tmp_path_factory.mktemp("ort")
     ort_model = ort_backend.quantize(onnx_path, calib_images, SPECS[name], workdir)
@@ -160,10 +160,14 @@ def test_agrees_with_onnx_runtime(name, errors, onnx_path, calib_images, images,
 
     ort_acts, torch_acts = _by_kind(ort_errors, "activation"), _by_kind(torch_errors, "activation")
     assert set(ACTIVATIONS) <= ort_acts.keys()
+    # Symmetric uint8 weights (per-channel: zero point 128) put each channel's extreme on a rounding tie
+    # (+-127.5 steps): ORT rounds x / scale half to even, torch multiplies by 1 / scale and lands just inside
+    # the tie, so a few weights differ by one step (3 of conv2d_1's 432) and the first activations by ~0.3 dB.
+    tie = SPECS[name].weight == "uint8" and SPECS[name].per_channel
     for layer in ("activation_1/Relu", "activation_1_2/Relu"):
-        assert torch_acts[layer] == pytest.approx(ort_acts[layer], abs=0.01), layer
-    for layer in ACTIVATIONS:
-        assert -0.1 < torch_acts[layer] - ort_acts[layer] < 1.5, (layer, torch_acts[layer], ort_acts[layer])
+        assert torch_acts[layer] == pytest.approx(ort_acts[layer], abs=0.5 if tie else 0.01), layer
+    differences = {layer: round(torch_acts[layer] - ort_acts[layer], 2) for layer in ACTIVATIONS}
+    assert all(-0.1 < d < 3.0 for d in differences.values()), str(differences)
 
 
 # ----------------------------------------------------------------------------------- the measurement

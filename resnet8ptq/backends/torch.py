@@ -6,8 +6,8 @@ QuantizationConfig → calibration → ``convert_pt2e`` → torch.export → ``t
 
 Calibration means what it means in the ONNX Runtime backend: every activation observer hands its tensor to
 :class:`resnet8ptq.calibration.RangeCollector` (ORT's MinMax / HistogramCollector algorithms) and turns the
-range into scale/zero point with ORT's ``compute_scale_zp``; weights get plain min/max, symmetric for int8
-and asymmetric for uint8 (ORT's ``WeightSymmetric`` default).
+range into scale/zero point with ORT's ``compute_scale_zp``; weights get plain min/max, with ORT's symmetry
+rule (:func:`ort_weight_symmetric`).
 
 The reference form is the converted program run eagerly (float quantize/dequantize: the exact quantized
 numerics). The runtime form, for uint8 activations with int8 weights (the only pair x86 int8 kernels take), is
@@ -161,6 +161,13 @@ def _ort_qrange(
     return get_qmin_qmax_for_qType(qtype, reduce_range=reduce_range, symmetric=symmetric)
 
 
+def ort_weight_symmetric(dtype: torch.dtype, per_channel: bool) -> bool:
+    """ORT's weight symmetry in QDQ models: symmetric for signed types (``WeightSymmetric``'s default) and
+    for every per-channel weight (QLinear ops need one zero point in all channels), so only per-tensor uint8
+    weights are asymmetric."""
+    return dtype == torch.int8 or per_channel
+
+
 def ort_scale_zero_point(
     rmin: float, rmax: float, dtype: torch.dtype, symmetric: bool, reduce_range: bool = False
 ) -> tuple[float, int]:
@@ -213,7 +220,7 @@ class OrtWeightObserver(UniformQuantizationObserverBase):
         reduce_range: bool = False,
         **kwargs: Any,
     ) -> None:
-        symmetric = dtype == torch.int8  # ORT: WeightSymmetric defaults to True for signed types only
+        symmetric = ort_weight_symmetric(dtype, per_channel)
         qmin, qmax = _ort_qrange(dtype, symmetric, reduce_range)
         kwargs.update(quant_min=int(qmin), quant_max=int(qmax))
         # Per-tensor weights are stored as per-channel vectors repeating one scale/zero point: the same
@@ -302,9 +309,10 @@ def quantization_config(spec: QuantSpec) -> QuantizationConfig:
         qscheme=torch.per_tensor_affine,
         observer_or_fake_quant_ctr=OrtActivationObserver.with_args(calib=spec.calib),
     )
-    wmin, wmax = _ort_qrange(weight_dtype, weight_dtype == torch.int8, spec.reduce_range)
+    symmetric = ort_weight_symmetric(weight_dtype, spec.per_channel)
+    wmin, wmax = _ort_qrange(weight_dtype, symmetric, spec.reduce_range)
     # X86InductorQuantizer accepts only *symmetric* weight qschemes in the spec; the observer sets the
-    # effective one (affine for uint8, as ORT does), and convert_pt2e reads it from the observer.
+    # effective one (affine for per-tensor uint8, as ORT does), and convert_pt2e reads it from the observer.
     weight = QuantizationSpec(
         dtype=weight_dtype,
         quant_min=int(wmin),
