@@ -7,7 +7,7 @@ PROJECT := $(VENV)/.project-installed
 HOST ?= 127.0.0.1
 PORT ?= 5000
 
-.PHONY: setup sweep grid test lint report bench ui lock clean
+.PHONY: setup sweep grid test test-fast lint report bench ui lock clean
 
 setup: $(PROJECT)  ## create .venv with every dependency (exact versions from requirements.lock)
 
@@ -28,8 +28,11 @@ sweep: $(PROJECT)  ## the headline sweep: both backends x int8/uint8
 grid: $(PROJECT)  ## every configuration of both backends (36 runs)
 	$(BIN)/python run.py -m backend=onnx,torch dtype=int8,uint8,u8s8 calib=minmax,entropy,percentile per_channel=false,true
 
-test: $(PROJECT)  ## the test suite (needs CIFAR-10 + model: RESNET8PTQ_ASSETS, default ../shared)
+test: $(PROJECT)  ## the whole test suite (needs CIFAR-10 + model: RESNET8PTQ_ASSETS, default ../shared)
 	$(BIN)/python -m pytest
+
+test-fast: $(PROJECT)  ## the unit tier only: no data, no model, no subprocess (about 30 s)
+	$(BIN)/python -m pytest tests/unit
 
 lint: $(PROJECT)
 	$(BIN)/ruff check .

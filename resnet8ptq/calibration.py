@@ -14,15 +14,16 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
+from omegaconf import MISSING
 
 METHODS = ("minmax", "entropy", "percentile")
 
 
-@dataclass(frozen=True)
-class CalibSpec:
-    """A calibration method and its parameters (the `calib` config group)."""
+@dataclass
+class CalibConfig:
+    """The `calib` config group (`conf/calib/*.yaml`): a calibration method and its parameters, validated."""
 
-    method: str
+    method: str = MISSING
     symmetric: bool = False
     num_bins: int | None = None
     num_quantized_bins: int | None = None
@@ -79,7 +80,7 @@ def batches(images: np.ndarray, batch_size: int) -> Iterator[np.ndarray]:
 class RangeCollector:
     """Collects one tensor's values batch by batch, then computes its range with ORT's algorithms."""
 
-    def __init__(self, spec: CalibSpec) -> None:
+    def __init__(self, spec: CalibConfig) -> None:
         self.spec = spec
         self._batches: list[np.ndarray] = []
         self._min: float = np.inf

@@ -1,31 +1,25 @@
-"""Typed schema of the Hydra config (registered as ``base_config``): wrong types fail at composition."""
+"""The typed schema of the Hydra config: one dataclass per config group or section, registered in Hydra's
+ConfigStore, so that a wrong type fails at composition and a bad value (``quant_spec``) before any work.
+
+Group schemas live with the code they configure: ``dtype`` in :mod:`resnet8ptq.dtype`, ``calib`` in
+:mod:`resnet8ptq.calibration`, each backend's in ``resnet8ptq/backends/<name>/config.py`` (found by
+:func:`register_backend_schemas`, so adding a backend edits nothing here).
+"""
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from dataclasses import dataclass, field
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+import resnet8ptq.backends
 from resnet8ptq.backends.base import QuantSpec
-from resnet8ptq.calibration import CalibSpec
-
-
-@dataclass
-class DtypeConfig:
-    activation: str = MISSING
-    weight: str = MISSING
-
-
-@dataclass
-class CalibConfig:
-    method: str = MISSING
-    symmetric: bool = False
-    num_bins: int | None = None
-    num_quantized_bins: int | None = None
-    percentile: float | None = None
-    batch_size: int = 100
+from resnet8ptq.calibration import CalibConfig
+from resnet8ptq.dtype import DtypeConfig
 
 
 @dataclass
@@ -51,14 +45,14 @@ class MlflowConfig:
 @dataclass
 class ReportConfig:
     enabled: bool = True
-    max_drop_points: float = 5.0
+    max_drop_points: float = 5.0  # configurations losing more accuracy (points vs FP32) are flagged
 
 
 @dataclass
 class Config:
-    backend: Any = MISSING  # each backend's own options; `name` selects the implementation
-    dtype: DtypeConfig = field(default_factory=DtypeConfig)
-    calib: CalibConfig = field(default_factory=CalibConfig)
+    backend: Any = MISSING  # the chosen backend's own schema (`<name>_schema`) types it
+    dtype: DtypeConfig = MISSING  # the `dtype` group's choice
+    calib: CalibConfig = MISSING  # the `calib` group's choice
     per_channel: bool = False
     reduce_range: bool = False  # weights in 7 bits (ORT's reduce_range)
     native_tolerance_points: float = 0.3  # largest |native - reference| accuracy gap tagged `native`
@@ -71,7 +65,15 @@ class Config:
     report: ReportConfig = field(default_factory=ReportConfig)
 
 
+def register_backend_schemas() -> None:
+    """Import ``resnet8ptq/backends/<name>/config.py`` of every backend package; each registers its schema."""
+    for module in pkgutil.iter_modules(resnet8ptq.backends.__path__):
+        if module.ispkg:
+            importlib.import_module(f"{resnet8ptq.backends.__name__}.{module.name}.config")
+
+
 ConfigStore.instance().store(name="base_config", node=Config)
+register_backend_schemas()
 
 
 class ConfigError(ValueError):
@@ -79,17 +81,19 @@ class ConfigError(ValueError):
 
 
 def quant_spec(cfg: DictConfig) -> QuantSpec:
-    """The quantization settings of a composed config (validated: ConfigError names the bad setting)."""
-    calib = OmegaConf.to_container(cfg.calib, resolve=True)
+    """The quantization settings of a composed config, validated: ConfigError names the bad setting."""
     if cfg.native_tolerance_points < 0:
         raise ConfigError(
             f"native_tolerance_points={cfg.native_tolerance_points}: expected a number of points >= 0."
         )
+    if cfg.threads is not None and cfg.threads < 1:
+        raise ConfigError(
+            f"threads={cfg.threads}: expected a positive number of threads, or null (all cores)."
+        )
     try:
         return QuantSpec(
-            activation=cfg.dtype.activation,
-            weight=cfg.dtype.weight,
-            calib=CalibSpec(**calib),
+            dtype=OmegaConf.to_object(cfg.dtype),
+            calib=OmegaConf.to_object(cfg.calib),
             per_channel=cfg.per_channel,
             reduce_range=cfg.reduce_range,
         )

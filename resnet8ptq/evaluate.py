@@ -9,7 +9,9 @@ from dataclasses import dataclass
 import numpy as np
 from tqdm import tqdm
 
-from resnet8ptq.backends.base import Predictor
+from resnet8ptq import hardware
+from resnet8ptq.backends.base import Model, Predictor, QuantizedModel
+from resnet8ptq.execution import Verdict, judge
 
 EVAL_BATCH = 500
 LATENCY_RUNS = 100
@@ -80,3 +82,47 @@ def measure_latency(predict: Predictor, images: np.ndarray) -> float:
         predict(image[None])
         timings.append(time.perf_counter() - start)
     return float(np.median(timings)) * 1e3
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """The FP32 model of one backend and how it did on the test set."""
+
+    model: Model
+    evaluation: Evaluation
+    latency_ms_b1: float
+
+
+def evaluate_baseline(model: Model, images: np.ndarray, labels: np.ndarray, name: str) -> Baseline:
+    """The FP32 model's accuracy, throughput and latency on the test set."""
+    evaluation = evaluate(model.predict, images, labels, desc=f"Evaluating {name}")
+    return Baseline(model, evaluation, measure_latency(model.predict, images))
+
+
+@dataclass(frozen=True)
+class QuantizedResult:
+    """How a quantized model did: its reference semantics, its runtime form on this CPU, and the verdict."""
+
+    reference: Evaluation
+    runtime: Evaluation  # the same object as ``reference`` when the runtime runs the reference program
+    verdict: Verdict
+    latency_ms_b1: float  # of the runtime form
+
+
+def evaluate_quantized(
+    quantized: QuantizedModel, images: np.ndarray, labels: np.ndarray, name: str, tolerance_points: float
+) -> QuantizedResult:
+    """Evaluate the reference form and, when it is a different program, the runtime form; judge the runtime
+    (:func:`resnet8ptq.execution.judge`). Throughput and latency are the runtime form's."""
+    runtime = quantized.runtime
+    reference = evaluate(quantized.reference, images, labels, desc=f"Evaluating {name} (reference)")
+    measured = (
+        reference
+        if runtime.predict is quantized.reference
+        else evaluate(runtime.predict, images, labels, desc=f"Evaluating {name} (runtime)")
+    )
+    dtypes = (quantized.activation_dtype, quantized.weight_dtype)
+    verdict = judge(
+        reference.accuracy, measured.accuracy, runtime, tolerance_points, hardware.detect(), dtypes
+    )
+    return QuantizedResult(reference, measured, verdict, measure_latency(runtime.predict, images))

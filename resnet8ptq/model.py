@@ -222,6 +222,13 @@ def _without_dead_nodes(model):
     return model
 
 
+def layer_name(tensor: str) -> str:
+    """A readable layer name from a tf2onnx tensor name (model_1/conv2d_5_1/BiasAdd:0 -> conv2d_5_1/BiasAdd,
+    ConvMulFusion_W_model_1/conv2d_1/convolution/ReadVariableOp:0 -> conv2d_1)."""
+    name = tensor.removeprefix("ConvMulFusion_W_").removeprefix("model_1/").removesuffix(":0")
+    return name.removesuffix("/ReadVariableOp").removesuffix("/convolution")
+
+
 def save_onnx(model, path: Path) -> None:
     """Save an ONNX ModelProto with an IR version onnxruntime accepts."""
     import onnx

@@ -1,4 +1,9 @@
-"""What a backend provides: an FP32 model and a quantized one, both as predictors plus a saved file."""
+"""The contract between the pipeline and a backend: its config, the models it returns, what it must do.
+
+A backend is a package ``resnet8ptq/backends/<name>/`` with ``config.py`` (a :class:`BackendConfig` subclass,
+registered in Hydra's ConfigStore as ``<name>_schema``) and a :class:`Backend` subclass that
+``conf/backend/<name>.yaml`` names as its ``_target_``.
+"""
 
 from __future__ import annotations
 
@@ -9,32 +14,32 @@ from pathlib import Path
 from typing import ClassVar
 
 import numpy as np
+from omegaconf import MISSING
 
-from resnet8ptq.calibration import CalibSpec
+from resnet8ptq.calibration import CalibConfig
+from resnet8ptq.dtype import DtypeConfig
 
 Predictor = Callable[[np.ndarray], np.ndarray]
 """NHWC float32 raw 0-255 images (any batch size) -> class probabilities (N, 10)."""
 
-QUANT_DTYPES = ("int8", "uint8")
+
+@dataclass
+class BackendConfig:
+    """What every backend's config holds (`conf/backend/<name>.yaml`): the class to instantiate and whether to
+    build the runtime's integer-kernel form. Subclasses add the backend's own options."""
+
+    _target_: str = MISSING
+    native: bool = True
 
 
 @dataclass(frozen=True)
 class QuantSpec:
-    """One quantization configuration: the `dtype`, `calib` and `per_channel` config choices."""
+    """One quantization configuration: the `dtype` and `calib` groups, `per_channel` and `reduce_range`."""
 
-    activation: str
-    weight: str
-    calib: CalibSpec
-    per_channel: bool
+    dtype: DtypeConfig
+    calib: CalibConfig
+    per_channel: bool = False
     reduce_range: bool = False  # weights in 7 bits (ORT's reduce_range): no u8s8 saturation without VNNI
-
-    def __post_init__(self) -> None:
-        for role, value in (("activation", self.activation), ("weight", self.weight)):
-            if value not in QUANT_DTYPES:
-                raise ValueError(f"dtype.{role}={value!r}: expected one of {', '.join(QUANT_DTYPES)}.")
-        for name in ("per_channel", "reduce_range"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name}={getattr(self, name)!r}: expected true or false.")
 
 
 @dataclass(frozen=True)
@@ -61,6 +66,7 @@ class Model:
 
     predict: Predictor
     path: Path
+    onnx_path: Path  # the canonical FP32 ONNX model it was built from (layer names, the float reference)
 
 
 @dataclass(frozen=True)
@@ -89,7 +95,7 @@ class QuantizedModel:
 
 
 class Backend(ABC):
-    """A quantization library. Subclasses live in ``resnet8ptq/backends/<NAME>.py``."""
+    """A quantization library, instantiated from its config (``_target_``) with the run's thread count."""
 
     NAME: ClassVar[str]
 
@@ -101,7 +107,7 @@ class Backend(ABC):
 
     @abstractmethod
     def load_fp32(self, onnx_path: Path, workdir: Path) -> Model:
-        """The FP32 model in this backend, built from the canonical ONNX model."""
+        """The FP32 model in this backend, built from the canonical ONNX model (saved under ``workdir``)."""
 
     @abstractmethod
     def quantize(
@@ -111,11 +117,10 @@ class Backend(ABC):
         ``onnx_path``; save the model under ``workdir``."""
 
     @abstractmethod
-    def layer_errors(
-        self, fp32: Model, quantized: QuantizedModel, onnx_path: Path, images: np.ndarray, workdir: Path
-    ) -> list[LayerError]:
+    def layer_errors(self, fp32: Model, quantized: QuantizedModel, images: np.ndarray) -> list[LayerError]:
         """Per-layer SQNR (dB) of the quantized weights and activations against ``fp32``, on ``images``."""
 
+    @classmethod
     @abstractmethod
-    def versions(self) -> dict[str, str]:
-        """Versions of the libraries this backend runs on, logged as tags."""
+    def versions(cls) -> dict[str, str]:
+        """Versions of the libraries this backend runs on (tags; part of the config hash)."""

@@ -1,0 +1,157 @@
+"""The Hydra application around the pipeline: the task each job runs, and the sweep callback.
+
+This is the entry-point layer: it alone turns errors into exits. Known failures (settings, data, model,
+tracking store, full disk) become :class:`RunFailed`, which Hydra prints as one line without a traceback.
+"""
+
+from __future__ import annotations
+
+import atexit
+import errno
+import logging
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from hydra.core.hydra_config import HydraConfig
+from hydra.errors import CompactHydraException
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
+
+from resnet8ptq import hardware
+from resnet8ptq.config import ConfigError, ReportConfig
+from resnet8ptq.data import DataError
+from resnet8ptq.model import ModelError
+from resnet8ptq.tracking.identity import git_commit
+from resnet8ptq.tracking.runs import process_tags
+from resnet8ptq.tracking.stale import close_stale_runs
+from resnet8ptq.tracking.store import TrackingError, configure
+from resnet8ptq.tracking.sweep import end_sweep_run, start_sweep_run, tag_sweep_error
+
+log = logging.getLogger(__name__)
+
+# Write failures that say what is wrong with the machine, not with the code.
+DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
+KNOWN_ERRORS = (ConfigError, DataError, ModelError, TrackingError)
+
+
+class RunFailed(CompactHydraException):
+    """A known failure (settings, data, model, tracking store, disk): printed as its message, no traceback."""
+
+
+def task(cfg: DictConfig) -> float:
+    """One job: the pipeline on this configuration; returns its accuracy (what a sweeper optimises).
+
+    A failure is tagged on the sweep run (the job may fail before it has a run of its own) and re-raised,
+    known failures as :class:`RunFailed`.
+    """
+    from resnet8ptq.pipeline import run  # the libraries: imported when a job runs, not at start-up
+
+    output_dir = Path(HydraConfig.get().runtime.output_dir)
+    try:
+        return run(cfg, output_dir)
+    except KNOWN_ERRORS as err:  # the run is FAILED, its error recorded
+        failure = RunFailed(f"{type(err).__name__}: {err}")
+        tag_sweep_error(str(failure))
+        raise failure from err
+    except OSError as err:
+        if err.errno not in DISK_ERRNOS:
+            tag_sweep_error(f"{type(err).__name__}: {err}")
+            raise
+        failure = RunFailed(
+            f"{type(err).__name__}: {err}. The run writes to its output directory {output_dir}, "
+            f"the model cache {cfg.cache_dir} and the MLflow store: free space there or point them elsewhere."
+        )
+        tag_sweep_error(str(failure))
+        raise failure from err
+    except Exception as err:
+        tag_sweep_error(f"{type(err).__name__}: {err}")
+        raise
+
+
+class SweepRunCallback(Callback):
+    """One MLflow parent run per invocation (single run or sweep); the jobs log under it.
+
+    At the start it stops the invocation (one line, no traceback) when the output directory cannot be written
+    or the tracking store cannot be used, and marks KILLED the runs that killed processes left RUNNING. At the
+    end (also when the sweep aborts: an atexit hook) it ends the parent FINISHED or FAILED, then writes the
+    comparison report into the run/sweep directory and logs it to the parent; a failing report only warns.
+
+    Hydra turns any ``Exception`` raised in a callback into a warning and runs the jobs anyway, so a failed
+    pre-flight check stops the invocation with ``SystemExit`` carrying the message, which Hydra prints.
+    """
+
+    def __init__(self) -> None:
+        self._run_id: str | None = None
+        self._report = ReportConfig()
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        self._start(config, Path(config.hydra.run.dir), "run")
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        self._start(config, Path(config.hydra.sweep.dir), "sweep")
+
+    def on_run_end(self, config: DictConfig, **kwargs: Any) -> None:
+        self._end()
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        self._end()
+
+    def _start(self, config: DictConfig, output_dir: Path, kind: str) -> None:
+        try:
+            experiment_id = configure(config.mlflow)
+            check_writable(output_dir)
+        except (TrackingError, OutputDirError) as err:
+            raise SystemExit(f"{type(err).__name__}: {err}") from err
+        close_stale_runs(experiment_id)
+        overrides = " ".join(config.hydra.overrides.task) or "(defaults)"
+        self._run_id = start_sweep_run(
+            experiment_id,
+            f"{kind} {output_dir.name}",
+            {
+                "sweep_kind": kind,
+                "sweep_dir": str(output_dir.resolve()),
+                "overrides": overrides[:5000],
+                "git_commit": git_commit(),
+                **hardware.detect().tags(),
+                **process_tags(),
+            },
+        )
+        self._report = ReportConfig(**config.report)
+        atexit.register(self._end)
+        log.info("MLflow sweep run %s (experiment %s)", self._run_id, config.mlflow.experiment)
+
+    def _end(self) -> None:
+        if self._run_id is None:
+            return
+        run_id, self._run_id = self._run_id, None
+        end_sweep_run(run_id)
+        if self._report.enabled:
+            write_report_safely(run_id, self._report.max_drop_points)
+
+
+def write_report_safely(run_id: str, max_drop_points: float) -> None:
+    """Write and log the comparison report of a sweep run; a failure is logged, never raised."""
+    try:
+        from resnet8ptq.report import write_report  # matplotlib: only imported when reporting
+
+        write_report(run_id, max_drop_points=max_drop_points)
+    except Exception as err:
+        log.warning("Comparison report for MLflow run %s failed: %s", run_id, err, exc_info=True)
+
+
+class OutputDirError(OSError):
+    """The run/sweep output directory cannot be written."""
+
+
+def check_writable(directory: Path) -> None:
+    """Raise OutputDirError unless ``directory`` can be created and written."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=directory):
+            pass
+    except OSError as err:
+        raise OutputDirError(
+            f"Cannot write the output directory {directory}: {err}. "
+            "Point hydra.run.dir (hydra.sweep.dir with -m) at a writable directory."
+        ) from err

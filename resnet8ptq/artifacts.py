@@ -1,0 +1,88 @@
+"""The files each run logs as artifacts: evaluation tables and charts, per-layer SQNR, calibration ranges,
+the resolved config. Each function writes into a directory and returns (artifact directory, file) pairs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+from omegaconf import DictConfig, OmegaConf
+
+from resnet8ptq.backends.base import LayerError, TensorRange
+from resnet8ptq.data import CLASS_NAMES
+from resnet8ptq.evaluate import Evaluation
+from resnet8ptq.plots import class_accuracy_png, confusion_matrix_png, layer_sqnr_png
+
+Artifact = tuple[str, Path]
+"""(artifact directory in the run, local file)."""
+
+
+def evaluation_files(
+    evaluation: Evaluation, out_dir: Path, title: str, baseline: Evaluation | None = None
+) -> list[Artifact]:
+    """Write confusion matrix and per-class accuracy (CSV + PNG) into out_dir; return (artifact dir, file)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    confusion_csv = out_dir / "confusion_matrix.csv"
+    pd.DataFrame(evaluation.confusion, index=CLASS_NAMES, columns=CLASS_NAMES).rename_axis(
+        "true \\ predicted"
+    ).to_csv(confusion_csv)
+    per_class = pd.DataFrame({"class": CLASS_NAMES, "accuracy": evaluation.class_accuracy})
+    if baseline is not None:
+        per_class["fp32_accuracy"] = baseline.class_accuracy
+        per_class["delta"] = per_class["accuracy"] - per_class["fp32_accuracy"]
+    class_csv = out_dir / "class_accuracy.csv"
+    per_class.to_csv(class_csv, index=False)
+    reference = None if baseline is None else baseline.class_accuracy
+    return [
+        ("evaluation", confusion_csv),
+        (
+            "evaluation",
+            confusion_matrix_png(
+                evaluation.confusion,
+                CLASS_NAMES,
+                out_dir / "confusion_matrix.png",
+                f"{title}: confusion matrix",
+            ),
+        ),
+        ("evaluation", class_csv),
+        (
+            "evaluation",
+            class_accuracy_png(
+                evaluation.class_accuracy,
+                CLASS_NAMES,
+                out_dir / "class_accuracy.png",
+                f"{title}: per-class accuracy",
+                reference,
+            ),
+        ),
+    ]
+
+
+def layer_error_files(layer_errors: list[LayerError], out_dir: Path, title: str) -> list[Artifact]:
+    """Per-layer SQNR as CSV and bar chart (worst first)."""
+    table = pd.DataFrame([vars(e) for e in layer_errors]).sort_values("sqnr_db")
+    csv = out_dir / "layer_sqnr.csv"
+    table.to_csv(csv, index=False)
+    png = layer_sqnr_png(
+        table["layer"].tolist(),
+        table["kind"].tolist(),
+        table["sqnr_db"].to_numpy(),
+        out_dir / "layer_sqnr.png",
+        f"{title}: per-layer SQNR",
+    )
+    return [("analysis", csv), ("analysis", png)]
+
+
+def config_file(cfg: DictConfig, output_dir: Path) -> list[Artifact]:
+    """The resolved config as YAML."""
+    path = output_dir / "resolved_config.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    return [("config", path)]
+
+
+def ranges_file(ranges: list[TensorRange], out_dir: Path) -> list[Artifact]:
+    """The calibrated range of every activation tensor as CSV."""
+    path = out_dir / "calibration_ranges.csv"
+    pd.DataFrame([vars(r) for r in ranges]).to_csv(path, index=False)
+    return [("calibration", path)]

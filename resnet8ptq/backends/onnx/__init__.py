@@ -1,0 +1,1 @@
+"""ONNX Runtime backend. The class is :class:`resnet8ptq.backends.onnx.backend.OnnxRuntimeBackend`."""

@@ -1,0 +1,218 @@
+"""ONNX Runtime backend: ORT calibrators + ``quantize_static`` (QDQ), run by the CPU execution provider.
+
+The reference form is the QDQ model with graph optimisations off (its exact quantize/dequantize semantics);
+the runtime form is the same file with all optimisations on, where ORT fuses QDQ pairs into integer kernels
+(:func:`kernel_summary` reads which from the optimised graph ORT saves).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata
+import io
+import shutil
+import time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnxruntime.quantization import (
+    QuantFormat,
+    QuantType,
+    create_calibrator,
+    quantize_static,
+)
+from onnxruntime.quantization.calibrate import save_tensors_data
+from onnxruntime.quantization.registry import QDQRegistry, QLinearOpsRegistry
+
+from resnet8ptq.backends.base import (
+    Backend,
+    LayerError,
+    Model,
+    QuantizedModel,
+    QuantSpec,
+    Runtime,
+    TensorRange,
+)
+from resnet8ptq.backends.onnx import layer_errors
+from resnet8ptq.backends.onnx.reader import ImageReader, input_name
+from resnet8ptq.model import save_onnx
+
+ORT_TYPES = {"int8": QuantType.QInt8, "uint8": QuantType.QUInt8}
+
+
+ONNX_DTYPE_NAMES = {onnx.TensorProto.INT8: "int8", onnx.TensorProto.UINT8: "uint8"}
+
+
+NO_NATIVE = "native execution disabled (backend.native=false): the reference semantics only"
+
+
+OP_TYPES = sorted(set(QLinearOpsRegistry) | set(QDQRegistry))
+
+
+INTEGER_WEIGHTED_OPS = {"QLinearConv", "QGemm", "QLinearMatMul", "ConvInteger", "MatMulInteger"}
+
+
+FLOAT_WEIGHTED_OPS = {"Conv", "Gemm", "MatMul", "FusedConv", "FusedGemm", "FusedMatMul"}
+
+
+def session(
+    path: Path, threads: int | None = None, optimize: bool = True, optimized_path: Path | None = None
+) -> ort.InferenceSession:
+    """A CPU inference session for the model at ``path`` (``threads`` intra-op threads; None: all cores).
+
+    ``optimize=False`` turns graph optimisations off: a QDQ model then runs its exact quantize/dequantize
+    semantics (float ops between QuantizeLinear/DequantizeLinear). ``optimized_path``: where ORT saves the
+    graph it runs after optimisation (which ops were fused into integer kernels).
+    """
+    options = ort.SessionOptions()
+    if threads:
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+    if not optimize:
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    if optimized_path is not None:
+        options.optimized_model_filepath = str(optimized_path)
+        options.log_severity_level = 3  # ORT warns that an NCHWc-optimised graph is hardware-specific
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def predictor(sess: ort.InferenceSession):
+    """Wrap a session as a Predictor (images -> probabilities)."""
+    input_name = sess.get_inputs()[0].name
+
+    def predict(images: np.ndarray) -> np.ndarray:
+        return sess.run(None, {input_name: np.ascontiguousarray(images, dtype=np.float32)})[0]
+
+    return predict
+
+
+def effective_types(model: onnx.ModelProto) -> tuple[str, str]:
+    """(activation dtype, weight dtype) as stored in a QDQ model.
+
+    Activations: the zero-point type of QuantizeLinear nodes. Weights: the type of the quantized
+    initializers that DequantizeLinear nodes read.
+    """
+    inits = {init.name: init for init in model.graph.initializer}
+    activation, weight = set(), set()
+    for node in model.graph.node:
+        if node.op_type == "QuantizeLinear" and len(node.input) > 2 and node.input[2] in inits:
+            activation.add(inits[node.input[2]].data_type)
+        elif node.op_type == "DequantizeLinear" and node.input[0] in inits:
+            data_type = inits[node.input[0]].data_type
+            if data_type in ONNX_DTYPE_NAMES:  # int32 biases are not weights
+                weight.add(data_type)
+    if len(activation) != 1 or len(weight) != 1:
+        raise RuntimeError(
+            f"Expected one activation and one weight type in the quantized model, found "
+            f"activations {sorted(activation)}, weights {sorted(weight)}: the model is not fully quantized."
+        )
+    return ONNX_DTYPE_NAMES[activation.pop()], ONNX_DTYPE_NAMES[weight.pop()]
+
+
+def kernel_summary(optimized: onnx.ModelProto) -> tuple[bool, str]:
+    """Whether the optimised graph runs its conv/gemm layers in integer kernels, and which ops it runs."""
+    counts = Counter(node.op_type for node in optimized.graph.node)
+    integer = {op: n for op, n in sorted(counts.items()) if op in INTEGER_WEIGHTED_OPS}
+    in_float = {op: n for op, n in sorted(counts.items()) if op in FLOAT_WEIGHTED_OPS}
+    layers = sum(integer.values()) + sum(in_float.values())
+    listed = ", ".join(f"{op} x{n}" for op, n in integer.items())
+    if not integer:
+        return False, (
+            f"ONNX Runtime's optimised graph keeps all {layers} conv/gemm layers in float between "
+            f"DequantizeLinear and QuantizeLinear (no integer kernel for this model)"
+        )
+    floats = ", ".join(f"{op} x{n}" for op, n in in_float.items())
+    rest = f"; in float: {floats}" if floats else ""
+    share = f"{sum(integer.values())}/{layers}"
+    return True, f"ONNX Runtime runs {share} conv/gemm layers in integer kernels ({listed}{rest})"
+
+
+class OnnxRuntimeBackend(Backend):
+    """Quantizes the canonical ONNX model with ``onnxruntime.quantization.quantize_static``."""
+
+    NAME = "onnx"
+
+    def load_fp32(self, onnx_path: Path, workdir: Path) -> Model:
+        return Model(predict=predictor(session(onnx_path, self.threads)), path=onnx_path, onnx_path=onnx_path)
+
+    def quantize(
+        self, onnx_path: Path, calibration_images: np.ndarray, spec: QuantSpec, workdir: Path
+    ) -> QuantizedModel:
+        workdir.mkdir(parents=True, exist_ok=True)
+        ranges_path = workdir / "calibration_ranges.json"
+        # ORT writes <model>-inferred.onnx beside its input and deletes it: parallel jobs sharing the cached
+        # model would delete each other's file, so each run quantizes its own copy.
+        onnx_path = Path(shutil.copy(onnx_path, workdir / "model_fp32.onnx"))
+        model_input = input_name(onnx_path)
+
+        start = time.perf_counter()
+        calibrator = create_calibrator(
+            onnx_path,
+            OP_TYPES,
+            augmented_model_path=str(workdir / "augmented_model.onnx"),
+            calibrate_method=spec.calib.ort_method(),
+            extra_options=spec.calib.ort_options(),
+        )
+        with contextlib.redirect_stdout(io.StringIO()):  # ORT's histogram calibrators print progress lines
+            calibrator.collect_data(ImageReader(calibration_images, spec.calib.batch_size, model_input))
+            tensors_range = calibrator.compute_data()
+        save_tensors_data(tensors_range, ranges_path)
+        del calibrator
+        (workdir / "augmented_model.onnx").unlink(missing_ok=True)
+        calib_seconds = time.perf_counter() - start
+
+        start = time.perf_counter()
+        out = workdir / "model_quantized.onnx"
+        quantize_static(
+            onnx_path,
+            out,
+            calibration_data_reader=None,
+            calibration_cache_path=ranges_path,
+            calibrate_method=spec.calib.ort_method(),
+            quant_format=QuantFormat.QDQ,
+            activation_type=ORT_TYPES[spec.dtype.activation],
+            weight_type=ORT_TYPES[spec.dtype.weight],
+            per_channel=spec.per_channel,
+            reduce_range=spec.reduce_range,
+            op_types_to_quantize=OP_TYPES,
+        )
+        quantized = onnx.load(out)
+        save_onnx(quantized, out)
+        quantize_seconds = time.perf_counter() - start
+
+        activation_dtype, weight_dtype = effective_types(quantized)
+        ranges = [
+            TensorRange(name, float(np.min(data.range_value[0])), float(np.max(data.range_value[1])))
+            for name, data in sorted(tensors_range.data.items())
+        ]
+        reference = predictor(session(out, self.threads, optimize=False))
+        return QuantizedModel(
+            path=out,
+            reference=reference,
+            runtime=self._runtime(out, workdir) if self.native else Runtime(reference, False, NO_NATIVE),
+            activation_dtype=activation_dtype,
+            weight_dtype=weight_dtype,
+            ranges=ranges,
+            calib_seconds=calib_seconds,
+            quantize_seconds=quantize_seconds,
+        )
+
+    def _runtime(self, path: Path, workdir: Path) -> Runtime:
+        """The model as ORT deploys it (all graph optimisations) and the kernels its optimised graph runs."""
+        optimized = workdir / "runtime_optimized.onnx"
+        sess = session(path, self.threads, optimize=True, optimized_path=optimized)
+        integer_kernels, kernels = kernel_summary(onnx.load(optimized))
+        optimized.unlink()
+        return Runtime(predictor(sess), integer_kernels, kernels)
+
+    def layer_errors(self, fp32: Model, quantized: QuantizedModel, images: np.ndarray) -> list[LayerError]:
+        """SQNR with ORT's ``qdq_loss_debug`` (:func:`.layer_errors.measure`)."""
+        return layer_errors.measure(fp32.onnx_path, quantized.path, images)
+
+    @classmethod
+    def versions(cls) -> dict[str, str]:
+        """onnxruntime, onnx and tf2onnx versions."""
+        return {name: importlib.metadata.version(name) for name in ("onnxruntime", "onnx", "tf2onnx")}

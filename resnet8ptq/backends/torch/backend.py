@@ -1,0 +1,159 @@
+"""PyTorch backend: onnx2torch FP32 model, torchao PT2E static quantization, torch.export ``.pt2`` files.
+
+Flow: ONNX → onnx2torch GraphModule (:mod:`.convert`) → torch.export → ``prepare_pt2e`` with
+X86InductorQuantizer and ORT-equivalent observers (:mod:`.quantizer`, :mod:`.observers`) → calibration →
+``convert_pt2e`` → torch.export → ``torch.export.save`` (:mod:`.program` reads the result back).
+
+The reference form is the converted program run eagerly (float quantize/dequantize: the exact quantized
+numerics). The runtime form, for uint8 activations with int8 weights (the only pair x86 int8 kernels take),
+is the program compiled by inductor into oneDNN int8 kernels (:mod:`.native`); the pipeline checks it against
+the reference on the test set (:mod:`resnet8ptq.execution`).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from resnet8ptq.backends.base import Backend, LayerError, Model, Predictor, QuantizedModel, QuantSpec, Runtime
+from resnet8ptq.backends.torch import layer_errors
+from resnet8ptq.backends.torch.convert import (
+    example_input,
+    export,
+    input_shape,
+    make_predictor,
+    onnx_to_torch,
+    save_program,
+)
+from resnet8ptq.backends.torch.native import NativeUnavailable, compile_native
+from resnet8ptq.backends.torch.observers import split_shared_observers
+from resnet8ptq.backends.torch.program import (
+    check_quantized,
+    drop_unused_attributes,
+    effective_dtypes,
+    payload_bytes,
+    weight_granularity,
+)
+from resnet8ptq.backends.torch.quantizer import (
+    activation_observers,
+    calibrate,
+    compute_ranges,
+    make_quantizer,
+)
+
+log = logging.getLogger(__name__)
+
+
+class TorchBackend(Backend):
+    """onnx2torch + torchao PT2E (X86InductorQuantizer, ORT-equivalent observers), torch.export files.
+
+    ``native=True`` (default) compiles uint8-activation/int8-weight models into inductor's x86 int8
+    kernels as their runtime form; ``native=False`` runs only the reference (eager quantize/dequantize)
+    program and skips the compile.
+    """
+
+    NAME = "torch"
+
+    def __init__(self, native: bool = True, threads: int | None = None) -> None:
+        super().__init__(native, threads)
+        if threads:
+            torch.set_num_threads(threads)
+
+    def load_fp32(self, onnx_path: Path, workdir: Path) -> Model:
+        """onnx2torch conversion, exported and saved as ``model_fp32.pt2``."""
+        path = Path(workdir) / "model_fp32.pt2"
+        program = save_program(export(onnx_to_torch(onnx_path), example_input(input_shape(onnx_path))), path)
+        return Model(predict=make_predictor(program.module()), path=path, onnx_path=onnx_path)
+
+    def quantize(
+        self, onnx_path: Path, calibration_images: np.ndarray, spec: QuantSpec, workdir: Path
+    ) -> QuantizedModel:
+        """PT2E static quantization of a fresh conversion of ``onnx_path`` (prepare_pt2e rewrites the graph it
+        is given); saves ``model_quantized.pt2``; compiles the runtime form where x86 int8 kernels exist."""
+        from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+        start = time.perf_counter()
+        shape = input_shape(onnx_path)
+        example = example_input(shape)
+        prepared = prepare_pt2e(export(onnx_to_torch(onnx_path), example).module(), make_quantizer(spec))
+        split_shared_observers(prepared)
+        observers = activation_observers(prepared, onnx_path)
+        calib_start = time.perf_counter()
+        calibrate(prepared, calibration_images, spec.calib)
+        ranges = compute_ranges(observers)
+        calib_seconds = time.perf_counter() - calib_start
+        converted = convert_pt2e(prepared)
+        drop_unused_attributes(converted)
+        path = Path(workdir) / "model_quantized.pt2"
+        program = save_program(export(converted, example), path)
+        counts = check_quantized(program)
+        activation_dtype, weight_dtype = effective_dtypes(program)
+        quantize_seconds = time.perf_counter() - start - calib_seconds  # as in ORT: calibration apart
+
+        reference = make_predictor(program.module())
+        runtime, compile_seconds = self._runtime(
+            program, input_shape, (activation_dtype, weight_dtype), reference
+        )
+        log.info("torch %s/%s runtime: %s", activation_dtype, weight_dtype, runtime.kernels)
+        return QuantizedModel(
+            path=path,
+            reference=reference,
+            runtime=runtime,
+            activation_dtype=activation_dtype,
+            weight_dtype=weight_dtype,
+            ranges=ranges,
+            calib_seconds=calib_seconds,
+            quantize_seconds=quantize_seconds,
+            metrics={
+                "compile_seconds": compile_seconds,
+                **{f"{op}_ops": float(n) for op, n in counts.items()},
+                "weights_bytes": float(payload_bytes(program)),
+            },
+            tags={
+                "weight_granularity": weight_granularity(program),
+                "quantizer": "torchao.pt2e.X86InductorQuantizer+ORT-observers",
+            },
+        )
+
+    def _runtime(
+        self,
+        program: torch.export.ExportedProgram,
+        input_shape: tuple[int, ...],
+        dtypes: tuple[str, str],
+        reference: Predictor,
+    ) -> tuple[Runtime, float]:
+        """The compiled int8-kernel model where inductor has kernels for it, else the reference program;
+        and the compile seconds."""
+        if not self.native:
+            return Runtime(reference, False, "native execution disabled (backend.native=false)"), 0.0
+        if dtypes != ("uint8", "int8"):
+            reason = (
+                f"x86 integer kernels (oneDNN via inductor) need uint8 activations and int8 weights, not "
+                f"{dtypes[0]}/{dtypes[1]}: the PT2E quantize/dequantize program runs in float"
+            )
+            return Runtime(reference, False, reason), 0.0
+        try:
+            compiled, seconds, lowered = compile_native(program.module(), input_shape)
+        except NativeUnavailable as err:
+            return Runtime(
+                reference, False, f"no integer kernels ({err}): the q/dq program runs"
+            ), err.seconds
+        return Runtime(compiled, True, f"inductor lowered {lowered} to oneDNN int8 kernels"), seconds
+
+    def layer_errors(self, fp32: Model, quantized: QuantizedModel, images: np.ndarray) -> list[LayerError]:
+        """SQNR of the saved quantized program (its q/dq form, also for native runs) against the saved FP32
+        program (:func:`.layer_errors.measure`)."""
+        return layer_errors.measure(fp32.path, quantized.path, fp32.onnx_path, images)
+
+    @classmethod
+    def versions(cls) -> dict[str, str]:
+        """torch, torchao, onnx2torch and torchvision versions."""
+        return {
+            name: importlib.metadata.version(name)
+            for name in ("torch", "torchao", "onnx2torch", "torchvision")
+        }

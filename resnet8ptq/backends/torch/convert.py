@@ -1,0 +1,135 @@
+"""The canonical ONNX model as a torch.export program: onnx2torch conversion, export, save, load, predict."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import fx
+
+from resnet8ptq.backends.base import Predictor
+
+PREDICT_BATCH = 500
+"""Images per forward pass in a predictor (bounds activation memory for large inputs)."""
+
+
+EXAMPLE_BATCH = 2
+"""Images in the example input given to torch.export (batch 1 would specialise the batch dimension)."""
+
+
+class StaticReshape(torch.nn.Module):
+    """ONNX Reshape with a constant target shape (0 copies the input dimension, -1 is inferred)."""
+
+    def __init__(self, shape: list[int]) -> None:
+        super().__init__()
+        self.shape = tuple(int(d) for d in shape)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.reshape([x.shape[i] if d == 0 else d for i, d in enumerate(self.shape)])
+
+
+def _make_reshapes_static(gm: fx.GraphModule) -> int:
+    """Replace onnx2torch's OnnxReshape (a data-dependent ``torch.any(shape == 0)`` check that breaks
+    torch.export) by :class:`StaticReshape` wherever the shape is a constant. Returns the count replaced."""
+    from onnx2torch.node_converters.reshape import OnnxReshape
+
+    replaced = 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_module" or not isinstance(gm.get_submodule(node.target), OnnxReshape):
+            continue
+        shape_node = node.args[1]
+        if not isinstance(shape_node, fx.Node) or shape_node.op != "get_attr":
+            raise RuntimeError(f"Reshape {node.target}: the target shape is computed, not a constant.")
+        shape = _get_attr(gm, shape_node.target)
+        gm.add_submodule(node.target, StaticReshape(shape.tolist()))
+        node.args = (node.args[0],)
+        replaced += 1
+    gm.graph.eliminate_dead_code()
+    gm.delete_all_unused_submodules()
+    gm.recompile()
+    return replaced
+
+
+def _get_attr(gm: fx.GraphModule, target: str) -> torch.Tensor:
+    owner, _, name = target.rpartition(".")
+    return getattr(gm.get_submodule(owner) if owner else gm, name)
+
+
+def onnx_to_torch(onnx_path: Path) -> fx.GraphModule:
+    """The canonical ONNX model as an eval-mode torch GraphModule that torch.export can trace."""
+    import onnx
+    from onnx2torch import convert
+
+    gm = convert(onnx.load(str(onnx_path))).eval()
+    _make_reshapes_static(gm)
+    for tensor in [*gm.parameters(), *gm.buffers()]:
+        tensor.data = tensor.data.contiguous()  # onnx2torch transposes Gemm weights into a view
+        tensor.requires_grad_(False)
+    return gm
+
+
+def export(module: torch.nn.Module, example: tuple[torch.Tensor]) -> torch.export.ExportedProgram:
+    """torch.export with a dynamic batch dimension."""
+    batch = torch.export.Dim("batch", min=1, max=1 << 16)
+    return torch.export.export(module, example, dynamic_shapes=({0: batch},))
+
+
+def make_predictor(module: Any, batch_size: int = PREDICT_BATCH) -> Predictor:
+    """NHWC float32 numpy → probabilities numpy, batch by batch under inference mode."""
+
+    def predict(images: np.ndarray) -> np.ndarray:
+        images = np.asarray(images, dtype=np.float32)
+        outputs = []
+        with torch.inference_mode():
+            for start in range(0, len(images), batch_size):
+                chunk = torch.from_numpy(np.ascontiguousarray(images[start : start + batch_size]))
+                outputs.append(module(chunk).numpy())
+        return np.concatenate(outputs) if outputs else np.zeros((0, 10), np.float32)
+
+    return predict
+
+
+def load_program(path: Path) -> torch.export.ExportedProgram:
+    """Load a ``.pt2``; imports torchao's PT2E module first so the quantized ops are registered."""
+    import torchao.quantization.pt2e  # noqa: F401  (registers quantized_decomposed ops)
+
+    return torch.export.load(str(path))
+
+
+def load_quantized(path: str | Path) -> Predictor:
+    """A predictor for a ``.pt2`` saved by :class:`TorchBackend` (FP32 or quantized)."""
+    return make_predictor(load_program(Path(path)).module())
+
+
+def input_shape(onnx_path: Path) -> tuple[int, ...]:
+    """The model input's per-image shape (32, 32, 3), read from the ONNX graph."""
+    import onnx
+
+    graph = onnx.load(str(onnx_path), load_external_data=False).graph
+    dims = graph.input[0].type.tensor_type.shape.dim[1:]
+    return tuple(int(d.dim_value) for d in dims)
+
+
+def example_input(input_shape: tuple[int, ...]) -> tuple[torch.Tensor]:
+    """A small self-contained example input for torch.export (never a view of a large tensor)."""
+    return (torch.zeros((EXAMPLE_BATCH, *input_shape)),)
+
+
+_DEBUG_META = ("stack_trace", "from_node", "nn_module_stack", "source_fn_stack", "torch_fn", "custom")
+
+
+def save_program(program: torch.export.ExportedProgram, path: Path) -> torch.export.ExportedProgram:
+    """Save a program and load it back: what callers run and inspect is exactly the file.
+
+    The sample inputs and the per-node debug metadata (stack traces, provenance) are left out, for the
+    FP32 and the quantized model alike, so the file size is the program and its weights.
+    """
+    program.example_inputs = None
+    for node in program.graph.nodes:
+        for key in _DEBUG_META:
+            node.meta.pop(key, None)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.export.save(program, str(path))
+    return load_program(path)

@@ -1,0 +1,244 @@
+"""Per-layer SQNR of a quantized program against the FP32 program: an FX interpreter records the same points
+ORT's qdq_loss_debug compares (each quantized activation where it is dequantized, each conv/linear weight)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import fx
+
+from resnet8ptq.backends.base import LayerError
+from resnet8ptq.backends.torch.convert import example_input, export, input_shape, load_program, onnx_to_torch
+from resnet8ptq.backends.torch.program import count_targets, is_zero_pad, qdq_op
+from resnet8ptq.calibration import batches
+from resnet8ptq.model import layer_name
+
+log = logging.getLogger(__name__)
+
+
+LAYER_ERROR_BATCH = 100
+"""Images per forward pass when recording intermediate tensors for :meth:`TorchBackend.layer_errors`."""
+
+
+LAYER_ERROR_THREADS = 1
+"""Intra-op threads while recording: the eager q/dq ops on small tensors gain little from more, and on a
+busy machine (parallel sweep workers) two threads were measured 10-25x slower than one."""
+
+
+Pairs = dict[str, tuple[str, str]]
+"""Layer name -> (node of the FP32 graph, node of the quantized graph) whose outputs are compared."""
+
+
+_WEIGHTED_OPS = (torch.ops.aten.conv2d.default, torch.ops.aten.linear.default)
+
+
+_LAYOUT_OPS = (torch.ops.aten.permute.default, torch.ops.aten.reshape.default, torch.ops.aten.view.default)
+
+
+def sqnr_db(signal_sq: float, noise_sq: float) -> float:
+    """ORT's ``compute_signal_to_quantization_noice_ratio`` from sums of squares accumulated batch by batch
+    (memory stays flat): 20·log10(‖x‖ / ‖x - y‖), each norm floored at float64 eps, so identical tensors
+    give a large finite value (~300 dB and up) rather than infinity."""
+    eps = float(np.finfo(float).eps)
+    return 20 * math.log10(max(math.sqrt(signal_sq), eps) / max(math.sqrt(noise_sq), eps))
+
+
+class _Recorder(fx.Interpreter):
+    """Runs a GraphModule node by node and keeps the outputs of the named nodes."""
+
+    def __init__(self, module: fx.GraphModule, nodes: set[str]) -> None:
+        super().__init__(module)
+        self.nodes = nodes
+        self.values: dict[str, torch.Tensor] = {}
+
+    def run_node(self, n: fx.Node) -> Any:
+        value = super().run_node(n)
+        if n.name in self.nodes:
+            self.values[n.name] = value
+        return value
+
+
+@contextlib.contextmanager
+def _intra_op_threads(count: int) -> Iterator[None]:
+    """Run the block with ``count`` torch intra-op threads, then restore the previous setting."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+def record(
+    module: fx.GraphModule, nodes: Iterable[str], images: np.ndarray, batch_size: int = LAYER_ERROR_BATCH
+) -> Iterator[dict[str, torch.Tensor]]:
+    """Run ``module`` on NHWC ``images`` batch by batch; yield each batch's outputs of the named nodes."""
+    recorder = _Recorder(module, set(nodes))
+    missing = recorder.nodes - {node.name for node in module.graph.nodes}
+    if missing:
+        raise ValueError(f"Nodes {sorted(missing)} are not in the graph.")
+    for batch in batches(images, batch_size):
+        recorder.values = {}
+        with torch.inference_mode():
+            recorder.run(torch.from_numpy(np.ascontiguousarray(batch, dtype=np.float32)))
+        yield recorder.values
+
+
+def _pair_values(
+    layer: str, ref: str, node: str, ref_values: dict[str, torch.Tensor], values: dict[str, torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The recorded FP32 and quantized tensors of one pair, which must have the same shape."""
+    x, y = ref_values[ref], values[node]
+    if x.shape != y.shape:
+        raise RuntimeError(
+            f"{layer}: FP32 {ref} has shape {tuple(x.shape)}, quantized {node} {tuple(y.shape)}; the graphs "
+            f"are matched wrongly."
+        )
+    return x, y
+
+
+def compare(
+    reference: fx.GraphModule,
+    measured: fx.GraphModule,
+    activations: Pairs,
+    weights: Pairs,
+    images: np.ndarray,
+    batch_size: int = LAYER_ERROR_BATCH,
+) -> tuple[dict[str, float], dict[str, float]]:
+    """SQNR (dB) of each activation and each weight pair: the measured node's output against the
+    reference node's, keyed like the pairs.
+
+    Activations are summed over all ``images``; weights do not depend on the input and are compared once
+    (with ORT's function itself). Raises if a pair's shapes differ: then the graphs were matched wrongly.
+    """
+    from onnxruntime.quantization.qdq_loss_debug import compute_signal_to_quantization_noice_ratio as ort_sqnr
+
+    if len(images) == 0:
+        raise ValueError("No images to measure layer errors on.")
+    sums = dict.fromkeys(activations, (0.0, 0.0))
+    weight_sqnr: dict[str, float] = {}
+    nodes = [*activations.values(), *weights.values()]
+    runs = zip(
+        record(reference, {ref for ref, _ in nodes}, images, batch_size),
+        record(measured, {node for _, node in nodes}, images, batch_size),
+        strict=True,
+    )
+    with _intra_op_threads(LAYER_ERROR_THREADS), torch.inference_mode():
+        for ref_values, values in runs:
+            for layer, (ref, node) in activations.items():
+                x, y = _pair_values(layer, ref, node, ref_values, values)
+                signal, noise = sums[layer]
+                sums[layer] = (
+                    signal + float(x.double().square().sum()),
+                    noise + float((x - y).double().square().sum()),
+                )
+            for layer, (ref, node) in weights.items():
+                if layer not in weight_sqnr:
+                    x, y = _pair_values(layer, ref, node, ref_values, values)
+                    weight_sqnr[layer] = ort_sqnr(x.numpy(), y.numpy())
+    return {layer: sqnr_db(*sums[layer]) for layer in activations}, weight_sqnr
+
+
+def _graph_signature(graph: fx.Graph) -> list[tuple[str, str, str]]:
+    return [(node.name, node.op, str(node.target)) for node in graph.nodes]
+
+
+def onnx_nodes(program: torch.export.ExportedProgram, onnx_path: Path) -> dict[str, Any]:
+    """The ONNX node (``onnx.NodeProto``) each node of the saved FP32 program comes from, by node name.
+
+    The saved program has no module metadata (``_save`` strips it), so the ONNX model is converted and
+    exported again, which reproduces the same graph with it. If the graphs differ: an empty dict (layers
+    are then named by their aten nodes).
+    """
+    import onnx
+
+    by_name = {node.name: node for node in onnx.load(str(onnx_path), load_external_data=False).graph.node}
+    traced = export(onnx_to_torch(onnx_path), example_input(input_shape(onnx_path)))
+    if _graph_signature(traced.graph) != _graph_signature(program.graph):
+        log.warning("%s no longer exports to the saved FP32 graph; layers get aten node names", onnx_path)
+        return {}
+    found = {}
+    for node in traced.graph.nodes:
+        # The outermost module below the root is the onnx2torch module of one ONNX node.
+        stack = node.meta.get("nn_module_stack") or {}
+        top = next((path for path, _ in stack.values() if path), None)
+        if top in by_name:
+            found[node.name] = by_name[top]
+    return found
+
+
+def _is_model_input(node: fx.Node) -> bool:
+    """The user input, or a layout change of it (the NHWC -> NCHW permute)."""
+    while node.op == "call_function" and node.target in _LAYOUT_OPS:
+        node = node.args[0]
+    return node.op == "placeholder"
+
+
+def layer_pairs(
+    reference: fx.GraphModule, measured: fx.GraphModule, names: dict[str, Any]
+) -> tuple[Pairs, Pairs]:
+    """(activations, weights) to compare between the FP32 (``reference``) and the quantized graph.
+
+    Nodes are matched by name, checked by op: both programs are exported from the same onnx2torch module,
+    and quantization keeps the compute ops' names. Activations: each tensor the quantized graph quantizes,
+    taken where it is dequantized for the next op (ORT's qdq_loss_debug compares the same two tensors).
+    Left out: the model input (integer pixels, quantized losslessly) and zero pads (they carry their
+    input's quantization, so their error is their input's). Weights: each conv/linear weight, float vs
+    dequantized. ``names`` (from :func:`onnx_nodes`) gives layers their ONNX names.
+    """
+    ref_nodes = {node.name: node for node in reference.graph.nodes}
+
+    def counterpart(node: fx.Node) -> fx.Node:
+        ref = ref_nodes.get(node.name)
+        if ref is None or ref.target != node.target:
+            raise RuntimeError(f"The quantized graph's {node.name} ({node.target}) is not in the FP32 graph.")
+        return ref
+
+    activations: Pairs = {}
+    for quantize in measured.graph.nodes:
+        source = quantize.args[0] if qdq_op(quantize) == "quantize_per_tensor" else None
+        if source is None or is_zero_pad(source) or _is_model_input(source):
+            continue
+        dequantize = next(user for user in quantize.users if qdq_op(user) == "dequantize_per_tensor")
+        name = layer_name(names[source.name].output[0]) if source.name in names else source.name
+        if name in activations:
+            raise RuntimeError(f"Two quantized tensors are both named {name!r}.")
+        activations[name] = (counterpart(source).name, dequantize.name)
+
+    weights: Pairs = {}
+    for node in measured.graph.nodes:
+        if node.op != "call_function" or node.target not in _WEIGHTED_OPS:
+            continue
+        weight = node.args[1]
+        if not (qdq_op(weight) or "").startswith("dequantize"):
+            raise RuntimeError(f"{node.name}: the weight is not dequantized from integers ({weight.name}).")
+        name = layer_name(names[node.name].input[1]) if node.name in names else node.name
+        weights[name] = (counterpart(node).args[1].name, weight.name)
+    if len(weights) != count_targets(reference, *_WEIGHTED_OPS):
+        raise RuntimeError(
+            f"Matched {len(weights)} of the FP32 graph's {count_targets(reference, *_WEIGHTED_OPS)} "
+            f"conv/linear weights."
+        )
+    return activations, weights
+
+
+def measure(fp32_path: Path, quantized_path: Path, onnx_path: Path, images: np.ndarray) -> list[LayerError]:
+    """SQNR of each quantized activation (where it is dequantized) and each conv/linear weight of the saved
+    quantized program against the saved FP32 program, on ``images``; layers named after ``onnx_path``."""
+    start = time.perf_counter()
+    reference = load_program(fp32_path)
+    fp32_module, quantized_module = reference.module(), load_program(quantized_path).module()
+    activations, weights = layer_pairs(fp32_module, quantized_module, onnx_nodes(reference, onnx_path))
+    activation_sqnr, weight_sqnr = compare(fp32_module, quantized_module, activations, weights, images)
+    log.info("torch layer errors on %d images in %.1f s", len(images), time.perf_counter() - start)
+    return [LayerError(layer, "weight", sqnr) for layer, sqnr in weight_sqnr.items()] + [
+        LayerError(layer, "activation", sqnr) for layer, sqnr in activation_sqnr.items()
+    ]

@@ -1,0 +1,161 @@
+"""PT2E observers that calibrate like ONNX Runtime: ORT's range algorithms, scale/zero-point formula and
+weight symmetry rule, so that both backends quantize with the same parameters."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from torch import fx
+from torchao.quantization.pt2e.observer import UniformQuantizationObserverBase
+
+from resnet8ptq.calibration import CalibConfig, RangeCollector
+
+TORCH_DTYPES = {"int8": torch.int8, "uint8": torch.uint8}
+
+
+def _ort_qrange(
+    dtype: torch.dtype, symmetric: bool, reduce_range: bool = False
+) -> tuple[np.ndarray, np.ndarray]:
+    """ORT's (qmin, qmax) for a dtype: int8 symmetric is [-127, 127], otherwise the full range; with
+    ``reduce_range`` one bit less (int8 [-64, 64], uint8 [0, 127]), as ORT quantizes weights then."""
+    from onnx import TensorProto
+    from onnxruntime.quantization.quant_utils import get_qmin_qmax_for_qType
+
+    qtype = TensorProto.INT8 if dtype == torch.int8 else TensorProto.UINT8
+    return get_qmin_qmax_for_qType(qtype, reduce_range=reduce_range, symmetric=symmetric)
+
+
+def ort_weight_symmetric(dtype: torch.dtype, per_channel: bool) -> bool:
+    """ORT's weight symmetry in QDQ models: symmetric for signed types (``WeightSymmetric``'s default) and
+    for every per-channel weight (QLinear ops need one zero point in all channels), so only per-tensor uint8
+    weights are asymmetric."""
+    return dtype == torch.int8 or per_channel
+
+
+def ort_scale_zero_point(
+    rmin: float, rmax: float, dtype: torch.dtype, symmetric: bool, reduce_range: bool = False
+) -> tuple[float, int]:
+    """Scale and zero point exactly as ORT's ``compute_scale_zp`` (the range is extended to include 0)."""
+    from onnxruntime.quantization.quant_utils import compute_scale_zp
+
+    qmin, qmax = _ort_qrange(dtype, symmetric, reduce_range)
+    zero_point, scale = compute_scale_zp(
+        np.array(rmin, np.float32), np.array(rmax, np.float32), qmin, qmax, symmetric
+    )
+    return float(scale), int(zero_point)
+
+
+class OrtActivationObserver(UniformQuantizationObserverBase):
+    """Per-tensor affine activation observer whose range is computed by :class:`RangeCollector`."""
+
+    def __init__(self, calib: CalibConfig, dtype: torch.dtype = torch.uint8, **kwargs: Any) -> None:
+        qmin, qmax = _ort_qrange(dtype, symmetric=False)  # ORT: ActivationSymmetric defaults to False
+        kwargs.update(quant_min=int(qmin), quant_max=int(qmax), qscheme=torch.per_tensor_affine)
+        kwargs.pop("ch_axis", None)
+        super().__init__(dtype=dtype, **kwargs)
+        self.collector = RangeCollector(calib)
+        self._range: tuple[float, float] | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.collector.add(x.detach().float().cpu().numpy())
+        self._range = None
+        return x
+
+    def compute_range(self) -> tuple[float, float]:
+        """The calibrated (min, max) of the observed tensor (computed once, then cached)."""
+        if self._range is None:
+            self._range = self.collector.compute()
+        return self._range
+
+    def calculate_qparams(self) -> tuple[torch.Tensor, torch.Tensor]:
+        scale, zero_point = ort_scale_zero_point(*self.compute_range(), self.dtype, symmetric=False)
+        return torch.tensor([scale], dtype=torch.float32), torch.tensor([zero_point], dtype=torch.int64)
+
+
+class OrtWeightObserver(UniformQuantizationObserverBase):
+    """Weight min/max observer, per tensor or per channel (``ch_axis``), with ORT's symmetry rule and
+    ``reduce_range``."""
+
+    def __init__(
+        self,
+        dtype: torch.dtype = torch.int8,
+        per_channel: bool = False,
+        ch_axis: int = 0,
+        reduce_range: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        symmetric = ort_weight_symmetric(dtype, per_channel)
+        qmin, qmax = _ort_qrange(dtype, symmetric, reduce_range)
+        kwargs.update(quant_min=int(qmin), quant_max=int(qmax))
+        # Per-tensor weights are stored as per-channel vectors repeating one scale/zero point: the same
+        # numbers, in the form inductor's x86 int8 conv/linear lowering matches (it needs per-channel ops).
+        kwargs["qscheme"] = torch.per_channel_symmetric if symmetric else torch.per_channel_affine
+        super().__init__(dtype=dtype, **kwargs)
+        self.symmetric = symmetric
+        self.reduce_range = reduce_range
+        self.per_channel = per_channel
+        self.ch_axis = ch_axis
+        self.min_val: torch.Tensor | None = None
+        self.max_val: torch.Tensor | None = None
+
+    def forward(self, w: torch.Tensor) -> torch.Tensor:
+        values = w.detach().float()
+        channels = values.shape[self.ch_axis]
+        if self.per_channel:
+            values = values.transpose(0, self.ch_axis).flatten(1)
+            self.min_val, self.max_val = values.amin(dim=1), values.amax(dim=1)
+        else:
+            self.min_val, self.max_val = values.min().expand(channels), values.max().expand(channels)
+        return w
+
+    def calculate_qparams(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.min_val is None or self.max_val is None:
+            raise RuntimeError("The weight observer never saw its weight; run calibration first.")
+        pairs = [
+            ort_scale_zero_point(lo, hi, self.dtype, self.symmetric, self.reduce_range)
+            for lo, hi in zip(self.min_val.tolist(), self.max_val.tolist(), strict=True)
+        ]
+        scales = torch.tensor([p[0] for p in pairs], dtype=torch.float32)
+        zero_points = torch.tensor([p[1] for p in pairs], dtype=torch.int64)
+        return scales, zero_points
+
+
+class SharedObserver(UniformQuantizationObserverBase):
+    """A second use of a shared observer (e.g. an average pool's output, which takes its input's
+    parameters, like ORT's QDQDirect8BitOp): it passes values through and defers to the first use, so
+    the shared range is calibrated on the first tensor only, as ORT calibrates it."""
+
+    def __init__(self, primary: OrtActivationObserver) -> None:
+        super().__init__(
+            dtype=primary.dtype,
+            qscheme=primary.qscheme,
+            quant_min=primary.quant_min,
+            quant_max=primary.quant_max,
+        )
+        self._primary = (primary,)  # a tuple, so the primary is not registered as a child module
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    def calculate_qparams(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._primary[0].calculate_qparams()
+
+
+def split_shared_observers(prepared: fx.GraphModule) -> int:
+    """Give every use of a shared activation observer but the first a :class:`SharedObserver`."""
+    first_use: dict[int, str] = {}
+    split = 0
+    for node in prepared.graph.nodes:
+        if node.op != "call_module":
+            continue
+        module = prepared.get_submodule(node.target)
+        if not isinstance(module, OrtActivationObserver):
+            continue
+        if id(module) in first_use:
+            setattr(prepared, node.target, SharedObserver(module))
+            split += 1
+        else:
+            first_use[id(module)] = node.target
+    return split

@@ -1,0 +1,125 @@
+"""Reading a saved quantized program: its quantize/dequantize ops, effective dtypes, stored weights, size."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import torch
+from torch import fx
+
+
+def drop_unused_attributes(gm: fx.GraphModule) -> int:
+    """Delete parameters/buffers no node reads (convert_pt2e leaves the float weights behind, and
+    torch.export would save them: the file would hold the FP32 model too). Returns the count deleted."""
+    used = {node.target for node in gm.graph.nodes if node.op == "get_attr"}
+    names = [n for n, _ in gm.named_parameters()] + [n for n, _ in gm.named_buffers()]
+    dropped = 0
+    for name in names:
+        if name not in used:
+            owner, _, attr = name.rpartition(".")
+            delattr(gm.get_submodule(owner) if owner else gm, attr)
+            dropped += 1
+    return dropped
+
+
+def qdq_op(node: fx.Node) -> str | None:
+    """``quantize_per_tensor``, ``dequantize_per_channel``, ... for a quantized_decomposed op, else None."""
+    target = node.target
+    if node.op == "call_function" and getattr(target, "namespace", None) == "quantized_decomposed":
+        return target.overloadpacket.__name__
+    return None
+
+
+def qdq_counts(gm: fx.GraphModule) -> Counter[str]:
+    """How many quantize/dequantize ops of each kind the graph holds."""
+    return Counter(op for node in gm.graph.nodes if (op := qdq_op(node)))
+
+
+def _is_constant_input(program: torch.export.ExportedProgram, node: fx.Node) -> bool:
+    """True for a placeholder that is a parameter/buffer/constant rather than the user input."""
+    return node.op == "placeholder" and node.name not in program.graph_signature.user_inputs
+
+
+def _dtype_arg(node: fx.Node) -> str:
+    dtype = node.kwargs.get("dtype", node.args[-1])
+    if not isinstance(dtype, torch.dtype):
+        raise RuntimeError(f"{node.name}: no dtype argument in {node.args}.")
+    return str(dtype).removeprefix("torch.")
+
+
+def weight_dequantizes(program: torch.export.ExportedProgram) -> list[fx.Node]:
+    """Dequantize ops whose input is a stored (folded) integer constant: the quantized weights."""
+    return [
+        node
+        for node in program.graph.nodes
+        if (op := qdq_op(node)) and op.startswith("dequantize") and _is_constant_input(program, node.args[0])
+    ]
+
+
+def _stored_tensor(program: torch.export.ExportedProgram, node: fx.Node) -> torch.Tensor:
+    """The parameter/buffer/constant a placeholder of the program stands for."""
+    sig = program.graph_signature
+    for mapping in (sig.inputs_to_parameters, sig.inputs_to_buffers):
+        if node.name in mapping:
+            return program.state_dict[mapping[node.name]]
+    return program.constants[sig.inputs_to_lifted_tensor_constants[node.name]]
+
+
+def quantized_weights(program: torch.export.ExportedProgram) -> list[torch.Tensor]:
+    """The stored integer weights of a quantized program (the inputs of its weight dequantize ops)."""
+    return [_stored_tensor(program, node.args[0]) for node in weight_dequantizes(program)]
+
+
+def weight_granularity(program: torch.export.ExportedProgram) -> str:
+    """Whether some weight has distinct scales across channels ("per-channel") or none ("per-tensor")."""
+    for node in weight_dequantizes(program):
+        scale = node.args[1]
+        if isinstance(scale, fx.Node) and _stored_tensor(program, scale).unique().numel() > 1:
+            return "per-channel"
+    return "per-tensor"
+
+
+def effective_dtypes(program: torch.export.ExportedProgram) -> tuple[str, str]:
+    """(activation, weight) dtypes read from the program's quantize/dequantize ops.
+
+    Activations: the dtype of every runtime ``quantize_per_tensor``. Weights: the dtype of every
+    dequantize whose input is a stored (folded) integer constant. Raises unless each is one dtype.
+    """
+    act = {_dtype_arg(n) for n in program.graph.nodes if qdq_op(n) == "quantize_per_tensor"}
+    weight = {_dtype_arg(n) for n in weight_dequantizes(program)}
+    if len(act) != 1 or len(weight) != 1:
+        raise RuntimeError(f"Expected one activation and one weight dtype, found {act} and {weight}.")
+    return act.pop(), weight.pop()
+
+
+def payload_bytes(program: torch.export.ExportedProgram) -> int:
+    """Bytes of the stored tensors (weights, scales, zero points, biases), without the file format."""
+    tensors = [*program.state_dict.values(), *program.constants.values()]
+    return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
+
+
+def check_quantized(program: torch.export.ExportedProgram) -> Counter[str]:
+    """Fail unless the saved program really quantizes: q/dq ops on activations and on every weight."""
+    counts = qdq_counts(program.graph_module)
+    aten = torch.ops.aten
+    n_weights = count_targets(program.graph_module, aten.conv2d.default, aten.linear.default)
+    n_weight_dq = len(weight_dequantizes(program))
+    if counts["quantize_per_tensor"] == 0 or counts["dequantize_per_tensor"] == 0 or n_weight_dq < n_weights:
+        raise RuntimeError(
+            f"The converted model is not quantized: {dict(counts)}; {n_weight_dq}/{n_weights} weights "
+            f"dequantized from integers."
+        )
+    return counts
+
+
+def count_targets(gm: fx.GraphModule, *targets: Any) -> int:
+    return sum(node.op == "call_function" and node.target in targets for node in gm.graph.nodes)
+
+
+def is_zero_pad(node: fx.Node) -> bool:
+    if node.op != "call_function" or node.target != torch.ops.aten.pad.default:
+        return False
+    mode = node.args[2] if len(node.args) > 2 else node.kwargs.get("mode", "constant")
+    value = node.args[3] if len(node.args) > 3 else node.kwargs.get("value", 0.0)
+    return mode == "constant" and not value

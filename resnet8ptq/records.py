@@ -1,0 +1,131 @@
+"""What each run records in MLflow: the metrics, tags and artifacts of a quantized run and of the backend's
+FP32 baseline run (the names are the contract the README lists and the report reads)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+
+from resnet8ptq.artifacts import config_file, evaluation_files, layer_error_files, ranges_file
+from resnet8ptq.backends.base import LayerError, QuantizedModel
+from resnet8ptq.data import CLASS_NAMES
+from resnet8ptq.evaluate import Baseline, Evaluation, QuantizedResult
+from resnet8ptq.tracking.runs import child_run, find_sibling, log_artifacts, log_metrics, set_tags
+from resnet8ptq.tracking.sweep import sweep_lock
+
+QUANTIZATION_SETTINGS = ("dtype", "calib", "per_channel", "reduce_range", "native_tolerance_points")
+"""Params and tags of a quantized run that an FP32 run does not have."""
+
+
+def evaluation_metrics(evaluation: Evaluation, model_path: Path) -> dict[str, float]:
+    """Metrics every run logs: accuracy, per-class accuracy, model size."""
+    return {
+        "accuracy": evaluation.accuracy,
+        **{
+            f"class_acc/{name}": acc for name, acc in zip(CLASS_NAMES, evaluation.class_accuracy, strict=True)
+        },
+        "model_size_bytes": model_path.stat().st_size,
+    }
+
+
+def log_baseline_once(
+    experiment_id: str,
+    backend_name: str,
+    baseline: Baseline,
+    params: Mapping[str, Any],
+    tags: Mapping[str, str],
+    output_dir: Path,
+) -> None:
+    """Log the backend's FP32 model as a run of its own (tag quantized=false) beside the quantized runs, once
+    per sweep and backend, also when parallel jobs of the sweep get here together."""
+    with sweep_lock(f"baseline-{backend_name}"):
+        if find_sibling(experiment_id, backend=backend_name, quantized="false"):
+            return
+        name = f"{backend_name}-fp32"
+        fp32_params = {k: v for k, v in params.items() if not k.startswith(QUANTIZATION_SETTINGS)}
+        fp32_tags = {
+            **{k: v for k, v in tags.items() if k not in (*QUANTIZATION_SETTINGS, "config_hash")},
+            "quantized": "false",
+            "dtype.activation": "float32",
+            "dtype.weight": "float32",
+        }
+        with child_run(experiment_id, name, fp32_tags, fp32_params) as run_id:
+            metrics = {
+                **evaluation_metrics(baseline.evaluation, baseline.model.path),
+                "throughput_img_s": baseline.evaluation.throughput_img_s,
+                "latency_ms_b1": baseline.latency_ms_b1,
+                "eval_seconds": baseline.evaluation.eval_seconds,
+            }
+            log_metrics(run_id, {**metrics, "fp32_size_bytes": metrics["model_size_bytes"]})
+            files = evaluation_files(baseline.evaluation, output_dir / "fp32", name)
+            log_artifacts(run_id, [*files, ("model", baseline.model.path)])
+
+
+def quantized_metrics(
+    quantized: QuantizedModel, result: QuantizedResult, baseline: Baseline, layer_errors: list[LayerError]
+) -> dict[str, float]:
+    """Accuracy (reference) and, where integer kernels ran, native accuracy and the gap; size, speed, timings,
+    worst per-layer SQNR, and the backend's own metrics."""
+    evaluation, verdict = result.reference, result.verdict
+    native = {}
+    if verdict.gap_points is not None:  # integer kernels ran: their accuracy beside the reference
+        native = {"accuracy_native": result.runtime.accuracy, "kernel_gap_points": verdict.gap_points}
+    passes = {id(result.reference): result.reference, id(result.runtime): result.runtime}.values()
+    fp32_size = baseline.model.path.stat().st_size
+    return {
+        **evaluation_metrics(evaluation, quantized.path),
+        "accuracy_reference": evaluation.accuracy,
+        **native,
+        "throughput_img_s": result.runtime.throughput_img_s,
+        "latency_ms_b1": result.latency_ms_b1,
+        "eval_seconds": sum(evaluation.eval_seconds for evaluation in passes),
+        "accuracy_delta": evaluation.accuracy - baseline.evaluation.accuracy,
+        "fp32_size_bytes": fp32_size,
+        "size_ratio": quantized.path.stat().st_size / fp32_size,
+        "calib_seconds": quantized.calib_seconds,
+        "quantize_seconds": quantized.quantize_seconds,
+        **{
+            f"sqnr_{kind}_min_db": min(e.sqnr_db for e in layer_errors if e.kind == kind)
+            for kind in {e.kind for e in layer_errors}
+        },
+        **quantized.metrics,
+    }
+
+
+def log_quantized(
+    run_id: str,
+    run_name: str,
+    cfg: DictConfig,
+    quantized: QuantizedModel,
+    result: QuantizedResult,
+    baseline: Baseline,
+    layer_errors: list[LayerError],
+    output_dir: Path,
+) -> None:
+    """Everything a quantized run records: metrics, effective dtypes, execution, layer errors, artifacts."""
+    worst = min(layer_errors, key=lambda error: error.sqnr_db)
+    log_metrics(run_id, quantized_metrics(quantized, result, baseline, layer_errors))
+    set_tags(
+        run_id,
+        {
+            "dtype.activation": quantized.activation_dtype,
+            "dtype.weight": quantized.weight_dtype,
+            "execution": result.verdict.execution,
+            "execution_reason": result.verdict.reason,
+            "sqnr_worst_layer": f"{worst.layer} ({worst.kind}, {worst.sqnr_db:.1f} dB)",
+            **quantized.tags,
+        },
+    )
+    log_artifacts(
+        run_id,
+        [
+            *evaluation_files(result.reference, output_dir / "evaluation", run_name, baseline.evaluation),
+            *layer_error_files(layer_errors, output_dir, run_name),
+            ("model", quantized.path),
+            *ranges_file(quantized.ranges, output_dir),
+            *config_file(cfg, output_dir),
+        ],
+    )

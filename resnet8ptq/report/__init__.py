@@ -1,0 +1,154 @@
+"""Comparison report of a sweep's runs (or a whole experiment's), read back from MLflow.
+
+:func:`write_report` and :func:`write_experiment_report` write report.md, a self-contained report.html and
+the PNGs they show into a directory, and log them to the sweep's parent run under `report/`.
+`python -m resnet8ptq.report` is the command line (:mod:`.cli`); the sweep callback calls
+:func:`write_report` at the end of every invocation. Modules: :mod:`.runs` (MLflow -> table),
+:mod:`.analysis` (picks, fronts), :mod:`.figures`, :mod:`.sections` (Markdown), :mod:`.render` (HTML).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+
+from mlflow.tracking import MlflowClient
+
+from resnet8ptq.config import ReportConfig
+from resnet8ptq.report.analysis import hardware_lines
+from resnet8ptq.report.render import to_html
+from resnet8ptq.report.runs import ReportError, comparison_table, latest_per_config, runs_frame
+from resnet8ptq.report.sections import (
+    Report,
+    comparison_rows,
+    execution_section,
+    failed_rows,
+    layer_error_section,
+    nothing_to_report_message,
+    per_class_section,
+    recommendation_section,
+    tradeoff_section,
+)
+from resnet8ptq.tracking.search import search_all
+
+__all__ = ["ARTIFACT_DIR", "ReportError", "write_experiment_report", "write_report"]
+
+log = logging.getLogger(__name__)
+
+ARTIFACT_DIR = "report"
+
+
+def markdown(report: Report) -> str:
+    """The whole report as Markdown (writing its figures into the report's directory)."""
+    table = report.table
+    counts = (
+        f"finished: {int(table['quantized'].sum())} quantized, {int((~table['quantized']).sum())} FP32 "
+        f"baseline(s); failed or unfinished: {len(report.failed)}"
+    )
+    parts = [
+        f"# {report.title}",
+        "\n".join(f"- {line}" for line in [*report.context, *hardware_lines(table), counts]),
+    ]
+    if not report.has_results:
+        parts.append(f"**{nothing_to_report_message(report)}**")
+    else:
+        parts += recommendation_section(table, report.max_drop_points)
+    if len(table):
+        parts += ["## Comparison", comparison_rows(table, report.max_drop_points).markdown()]
+        parts += execution_section(table)
+    if report.has_results:
+        parts += per_class_section(report) + layer_error_section(table) + tradeoff_section(report)
+    parts.append(f"## Failed runs ({len(report.failed)})")
+    parts.append(failed_rows(report.failed).markdown() if len(report.failed) else "None: every run finished.")
+    return "\n\n".join(parts) + "\n"
+
+
+def _finish(report: Report, client: MlflowClient, parent_run_id: str | None) -> Path | None:
+    """Write report.md, report.html and PNGs, log them to the parent run; report.html, None if empty."""
+    report.out_dir.mkdir(parents=True, exist_ok=True)
+    text = markdown(report)
+    md_path, html_path = report.out_dir / "report.md", report.out_dir / "report.html"
+    md_path.write_text(text, encoding="utf-8")
+    html_path.write_text(to_html(text, report.title, report.images), encoding="utf-8")
+    if parent_run_id is not None:
+        for path in (md_path, html_path, *report.images):
+            client.log_artifact(parent_run_id, str(path), ARTIFACT_DIR)
+    if not report.has_results:
+        log.warning("%s Report saying so: %s", nothing_to_report_message(report), md_path)
+        return None
+    log.info("Comparison report: %s", html_path)
+    return html_path
+
+
+def _context(run_count: int, superseded: int, extra: Sequence[str]) -> list[str]:
+    now = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    lines = [*extra, f"runs read: {run_count}", f"generated: {now}"]
+    if superseded:
+        lines.append(f"older reruns of the same configuration not shown: {superseded}")
+    return lines
+
+
+def write_report(
+    parent_run_id: str,
+    out_dir: Path | None = None,
+    max_drop_points: float = ReportConfig.max_drop_points,
+    tracking_uri: str | None = None,
+) -> Path | None:
+    """Report on the children of a sweep (parent) run, into `out_dir` (default: its `sweep_dir` tag).
+
+    Returns report.html, or None when no quantized run finished (the report then says so).
+    """
+    client = MlflowClient(tracking_uri)
+    parent = client.get_run(parent_run_id)
+    children = search_all(client, [parent.info.experiment_id], {"tags.mlflow.parentRunId": parent_run_id})
+    frame = runs_frame(children)
+    tags = parent.data.tags
+    default_dir = (
+        Path(tags["sweep_dir"]) if tags.get("sweep_dir") else Path("runs") / f"report-{parent_run_id}"
+    )
+    context = [
+        f"parent run: {parent.info.run_name} ({parent_run_id}), status {parent.info.status}",
+        f"overrides: {tags.get('overrides', '?')}",
+        f"sweep dir: {tags.get('sweep_dir', '?')}",
+        f"accuracy-drop limit: {max_drop_points:g} points",
+    ]
+    report = Report(
+        title=f"Quantization report: {parent.info.run_name}",
+        context=_context(len(frame), 0, context),
+        table=comparison_table(frame),
+        failed=frame[frame["status"] != "FINISHED"],
+        max_drop_points=max_drop_points,
+        out_dir=Path(out_dir or default_dir),
+    )
+    return _finish(report, client, parent_run_id)
+
+
+def write_experiment_report(
+    experiment_name: str,
+    out_dir: Path | None = None,
+    max_drop_points: float = ReportConfig.max_drop_points,
+    tracking_uri: str | None = None,
+) -> Path | None:
+    """Report on every run of an experiment (newest run per configuration) into `out_dir`
+    (default: runs/report-<experiment>). Returns report.html, or None when nothing finished."""
+    client = MlflowClient(tracking_uri)
+    experiment = client.get_experiment_by_name(experiment_name)
+    if experiment is None:
+        raise ReportError(f"No experiment {experiment_name!r} in MLflow store {client.tracking_uri}.")
+    frame = runs_frame(search_all(client, [experiment.experiment_id], {}))
+    latest, superseded = latest_per_config(frame)
+    report = Report(
+        title=f"Quantization report: experiment {experiment_name}",
+        context=_context(
+            len(frame),
+            superseded,
+            [f"accuracy-drop limit: {max_drop_points:g} points", f"experiment: {experiment_name}"],
+        ),
+        table=comparison_table(latest),
+        failed=latest[latest["status"] != "FINISHED"],
+        max_drop_points=max_drop_points,
+        out_dir=Path(out_dir or Path("runs") / f"report-{experiment_name}"),
+    )
+    return _finish(report, client, None)

@@ -1,0 +1,157 @@
+"""What the report concludes from the comparison table: recommended configurations, configurations over the
+accuracy-drop limit, per-class changes, Pareto fronts, and which machines the runs came from."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from resnet8ptq.data import CLASS_NAMES
+from resnet8ptq.report.runs import CLASS_METRIC
+
+SIZE_TOLERANCE = 0.01  # model sizes within 1% count as equal when picking the smallest
+THROUGHPUT_TOLERANCE = 0.05  # throughputs within 5% (timing noise) count as equal when picking the fastest
+
+
+def fmt(value: float | None, spec: str, suffix: str = "") -> str:
+    """Format a number, `n/a` when it is missing."""
+    return "n/a" if value is None or not np.isfinite(value) else f"{value:{spec}}{suffix}"
+
+
+@dataclass(frozen=True)
+class Pick:
+    """A recommended configuration and why."""
+
+    what: str
+    label: str
+    run_id: str
+    detail: str
+
+
+def _pick(
+    candidates: pd.DataFrame, what: str, by: str, *, smaller_is_better: bool, tolerance: float = 0.0
+) -> Pick | None:
+    """The best candidate by `by`; values within `tolerance` (rel.) of the best tie: most accurate wins."""
+    values = candidates[by].dropna()
+    if values.empty:
+        return None
+    best = values.min() if smaller_is_better else values.max()
+    close = values <= best * (1 + tolerance) if smaller_is_better else values >= best * (1 - tolerance)
+    ranked = candidates.loc[close[close].index].sort_values(
+        ["accuracy", by, "label"], ascending=[False, smaller_is_better, True], kind="stable"
+    )
+    row = ranked.iloc[0]
+    return Pick(what, row["label"], row["run_id"], describe(row))
+
+
+def describe(row: pd.Series) -> str:
+    """`86.73% (-0.46 points vs FP32), 108.0 KiB (2.90x smaller), 2668 img/s, 0.094 ms at batch 1`."""
+    return (
+        f"{fmt(row['accuracy_pct'], '.2f', '%')} ({fmt(row['delta_points'], '+.2f')} points vs FP32), "
+        f"{fmt(row['size_kib'], '.1f')} KiB ({fmt(row['size_reduction'], '.2f', 'x')} smaller), "
+        f"{fmt(row['throughput_img_s'], '.0f')} img/s, {fmt(row['latency_ms_b1'], '.3f')} ms at batch 1"
+    )
+
+
+def recommendations(table: pd.DataFrame, max_drop_points: float) -> tuple[list[Pick], pd.DataFrame]:
+    """Best accuracy, smallest, fastest, best per backend (quantized runs); and the runs over the drop limit.
+
+    Smallest and fastest consider the configurations within the limit (all when none is); sizes within
+    SIZE_TOLERANCE and throughputs within THROUGHPUT_TOLERANCE count as ties, won by the most accurate.
+    """
+    quantized = table[table["quantized"]]
+    over = quantized[quantized["delta_points"] < -max_drop_points].sort_values("delta_points")
+    pool = quantized.drop(over.index) if len(over) < len(quantized) else quantized
+    picks = [
+        _pick(quantized, "Best accuracy", "accuracy", smaller_is_better=False),
+        _pick(pool, "Smallest model", "model_size_bytes", smaller_is_better=True, tolerance=SIZE_TOLERANCE),
+        *_fastest_per_machine(table, pool),
+        *(
+            _pick(group, f"Best {backend}", "accuracy", smaller_is_better=False)
+            for backend, group in quantized.groupby("backend", sort=True)
+        ),
+    ]
+    return [pick for pick in picks if pick is not None], over
+
+
+def _fastest_per_machine(table: pd.DataFrame, pool: pd.DataFrame) -> list[Pick | None]:
+    """The fastest configuration on each machine (speed compares only within one), noting when it is
+    slower than its backend's FP32 model on that machine."""
+    machines = sorted(pool["hardware"].unique())
+    picks: list[Pick | None] = []
+    for machine in machines:
+        what = "Fastest" if len(machines) == 1 else f"Fastest on {machine}"
+        pick = _pick(
+            pool[pool["hardware"] == machine],
+            what,
+            "throughput_img_s",
+            smaller_is_better=False,
+            tolerance=THROUGHPUT_TOLERANCE,
+        )
+        if pick is not None:
+            row = table[table["run_id"] == pick.run_id].iloc[0]
+            same = ~table["quantized"] & (table["backend"] == row["backend"]) & (table["hardware"] == machine)
+            fp32 = table[same]["throughput_img_s"].dropna()
+            if len(fp32) and fp32.iloc[0] > row["throughput_img_s"]:
+                note = f"; slower than {row['backend']} FP32 ({fp32.iloc[0]:.0f} img/s)"
+                pick = Pick(pick.what, pick.label, pick.run_id, pick.detail + note)
+        picks.append(pick)
+    return picks
+
+
+def class_deltas(table: pd.DataFrame) -> pd.DataFrame:
+    """Per-class accuracy change vs the FP32 baseline of the same backend, in points (classes x configs)."""
+    columns = [f"{CLASS_METRIC}{name}" for name in CLASS_NAMES]
+    baselines = table[~table["quantized"]].drop_duplicates("backend").set_index("backend")[columns]
+    deltas = {
+        row["label"]: (row[columns].to_numpy(float) - baselines.loc[row["backend"]].to_numpy(float)) * 100
+        for _, row in table[table["quantized"]].iterrows()
+        if row["backend"] in baselines.index
+    }
+    return pd.DataFrame(deltas, index=list(CLASS_NAMES), dtype=float)
+
+
+def worst_classes(deltas: pd.DataFrame, limit: int = 5) -> pd.DataFrame:
+    """The classes that lose the most: each class's worst change (points), under which config, the mean."""
+    if deltas.empty:
+        return pd.DataFrame(columns=["class", "worst_points", "config", "mean_points"])
+    worst = pd.DataFrame(
+        {
+            "class": deltas.index,
+            "worst_points": deltas.min(axis=1).to_numpy(),
+            "config": deltas.idxmin(axis=1).to_numpy(),
+            "mean_points": deltas.mean(axis=1).to_numpy(),
+        }
+    ).dropna(subset=["worst_points"])
+    worst = worst[worst["worst_points"] < 0].sort_values("worst_points", kind="stable")
+    return worst.head(limit).reset_index(drop=True)
+
+
+def pareto_front(x: np.ndarray, accuracy: np.ndarray, *, minimize_x: bool) -> np.ndarray:
+    """Mask of the points that no other point dominates (accuracy at least as high and x at least as good,
+    one of them strictly better); accuracy is maximised, x minimised or maximised."""
+    x = np.asarray(x, float) * (1 if minimize_x else -1)
+    accuracy = np.asarray(accuracy, float)
+    at_least = (x[None, :] <= x[:, None]) & (accuracy[None, :] >= accuracy[:, None])
+    strictly = (x[None, :] < x[:, None]) | (accuracy[None, :] > accuracy[:, None])
+    return ~(at_least & strictly).any(axis=1)
+
+
+def machine_names(table: pd.DataFrame) -> dict[str, str]:
+    """Short names (M1, M2, ...) for the machines the runs were measured on, by hardware label."""
+    return {label: f"M{i}" for i, label in enumerate(sorted(table["hardware"].unique()), 1)}
+
+
+def hardware_lines(table: pd.DataFrame) -> list[str]:
+    """The report header's hardware: the one machine, or each machine and a warning that speed and native
+    accuracy compare only within one machine."""
+    machines = machine_names(table)
+    if len(machines) <= 1:
+        return [f"hardware: {label}" for label in machines]
+    listed = "; ".join(f"{short} = {label}" for label, short in machines.items())
+    return [
+        f"**runs from {len(machines)} machines** ({listed}): accuracy (the reference semantics) compares "
+        f"across them; speed and native accuracy only within one machine (column `machine`)"
+    ]

@@ -1,0 +1,169 @@
+"""Tracked runs as a table: a row per run with its settings, tags and metrics, cut and sorted to compare."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+import pandas as pd
+from mlflow.entities import Run
+from mlflow.tracking import MlflowClient
+
+from resnet8ptq.data import CLASS_NAMES
+from resnet8ptq.hardware import Hardware
+from resnet8ptq.tracking.search import where
+
+CLASS_METRIC = "class_acc/"
+
+
+EMPTY_COLUMNS = [
+    "run_id",
+    "run_name",
+    "status",
+    "start_time",
+    "quantized",
+    "backend",
+    "dtype",
+    "activation",
+    "weight",
+    "calib",
+    "per_channel",
+    "reduce_range",
+    "execution",
+    "execution_reason",
+    "hardware",
+    "int8_dot_product",
+    "config_hash",
+    "error",
+    "sqnr_worst_layer",
+]  # fmt: skip  (the columns runs_frame gives every run)
+
+
+METRIC_COLUMNS = (
+    "accuracy",
+    "accuracy_delta",
+    "accuracy_native",
+    "kernel_gap_points",
+    "model_size_bytes",
+    "fp32_size_bytes",
+    "throughput_img_s",
+    "latency_ms_b1",
+    "sqnr_activation_min_db",
+    "sqnr_weight_min_db",
+    *(f"{CLASS_METRIC}{name}" for name in CLASS_NAMES),
+)
+
+
+class ReportError(RuntimeError):
+    """The runs to report on cannot be found."""
+
+
+def runs_frame(runs: Iterable[Run]) -> pd.DataFrame:
+    """One row per (non-sweep) run: identity, status, settings and metrics (accuracy as a fraction)."""
+    rows = []
+    for run in runs:
+        tags, params, metrics = run.data.tags, run.data.params, run.data.metrics
+        if tags.get("sweep") == "true":
+            continue
+        quantized = tags.get("quantized") != "false"
+        activation = tags.get("dtype.activation") or params.get("dtype.activation", "?")
+        weight = tags.get("dtype.weight") or params.get("dtype.weight", "?")
+        dtype = params.get("dtype") or f"{activation}/{weight}"  # the `dtype` choice, e.g. u8s8
+        per_channel = (tags.get("per_channel") or params.get("per_channel", "?")).lower()
+        machine = Hardware.from_tags(tags)
+        rows.append(
+            {
+                "run_id": run.info.run_id,
+                "run_name": run.info.run_name or run.info.run_id,
+                "status": run.info.status,
+                "start_time": run.info.start_time or 0,
+                "quantized": quantized,
+                "backend": tags.get("backend") or params.get("backend", "?"),
+                "dtype": dtype if quantized else "fp32",
+                "activation": activation,
+                "weight": weight,
+                "calib": (tags.get("calib") or params.get("calib", "?")) if quantized else "",
+                "per_channel": per_channel if quantized else "",
+                "reduce_range": tags.get("reduce_range", "false") if quantized else "",
+                "hardware": machine.label if machine else "not recorded",
+                "int8_dot_product": machine.has_int8_dot_product if machine else None,
+                "execution": tags.get("execution", "" if quantized else "native"),
+                "execution_reason": tags.get("execution_reason", ""),
+                "config_hash": tags.get("config_hash", ""),
+                "error": tags.get("error", ""),
+                "sqnr_worst_layer": tags.get("sqnr_worst_layer", ""),
+                **metrics,
+            }
+        )
+    frame = pd.DataFrame(rows) if rows else pd.DataFrame(columns=EMPTY_COLUMNS).astype({"quantized": bool})
+    for column in METRIC_COLUMNS:
+        frame[column] = frame[column].astype(float) if column in frame else np.nan
+    frame["label"] = _labels(frame)
+    return frame
+
+
+def _labels(frame: pd.DataFrame) -> list[str]:
+    """Short unique configuration names: `onnx int8 minmax`, `onnx u8s8 entropy per-channel`, `onnx fp32`."""
+    labels = []
+    for row in frame.itertuples():
+        if not row.quantized:
+            labels.append(f"{row.backend} fp32")
+        else:
+            channel = " per-channel" if row.per_channel == "true" else ""
+            reduced = " reduce-range" if row.reduce_range == "true" else ""
+            labels.append(f"{row.backend} {row.dtype} {row.calib}{channel}{reduced}")
+    counts = pd.Series(labels).value_counts()
+    return [
+        f"{label} [{run_id[:6]}]" if counts[label] > 1 else label
+        for label, run_id in zip(labels, frame["run_id"], strict=True)
+    ]
+
+
+def latest_per_config(frame: pd.DataFrame) -> tuple[pd.DataFrame, int]:
+    """Finished runs cut to the newest per configuration (FP32: per backend); and how many were cut."""
+    finished = frame[frame["status"] == "FINISHED"].sort_values("start_time", ascending=False)
+    key = np.where(
+        finished["quantized"],
+        finished["config_hash"].where(finished["config_hash"] != "", finished["label"]),
+        "fp32 " + finished["backend"],
+    )
+    latest = finished[~pd.Series(key, index=finished.index).duplicated()]
+    kept = frame[(frame["status"] != "FINISHED") | frame.index.isin(latest.index)].copy()
+    kept["label"] = _labels(kept)
+    return kept, len(finished) - len(latest)
+
+
+def comparison_table(frame: pd.DataFrame) -> pd.DataFrame:
+    """Finished runs with accuracy (%), change vs FP32 (points), size (KiB) and reduction; sorted.
+
+    Rows: per backend, its FP32 baseline first, then the quantized configurations by accuracy.
+    """
+    table = frame[frame["status"] == "FINISHED"].copy()
+    baselines = table[~table["quantized"]].drop_duplicates("backend").set_index("backend")
+    base_accuracy = table["backend"].map(baselines["accuracy"]).astype(float)
+    base_size = table["backend"].map(baselines["model_size_bytes"]).astype(float)
+    delta = table["accuracy_delta"].where(table["accuracy_delta"].notna(), table["accuracy"] - base_accuracy)
+    fp32_size = table["fp32_size_bytes"].where(table["fp32_size_bytes"].notna(), base_size)
+    table["accuracy_pct"] = table["accuracy"] * 100
+    table["delta_points"] = np.where(table["quantized"], delta * 100, 0.0)
+    table["size_kib"] = table["model_size_bytes"] / 1024
+    table["size_reduction"] = np.where(table["quantized"], fp32_size / table["model_size_bytes"], 1.0)
+    table["sort_accuracy"] = -table["accuracy"].fillna(-1)
+    table = table.sort_values(["backend", "quantized", "sort_accuracy", "label"], kind="stable")
+    return table.drop(columns="sort_accuracy").reset_index(drop=True)
+
+
+def latest_sweep_run(client: MlflowClient, experiment_name: str) -> str:
+    """The id of the most recent sweep (parent) run of the experiment."""
+    experiment = client.get_experiment_by_name(experiment_name)
+    if experiment is None:
+        raise ReportError(f"No experiment {experiment_name!r} in MLflow store {client.tracking_uri}.")
+    runs = client.search_runs(
+        [experiment.experiment_id],
+        where({"tags.sweep": "true"}),
+        max_results=1,
+        order_by=["attributes.start_time DESC"],
+    )
+    if not runs:
+        raise ReportError(f"No sweep run in experiment {experiment_name!r} at {client.tracking_uri}.")
+    return runs[0].info.run_id

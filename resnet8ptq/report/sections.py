@@ -1,0 +1,273 @@
+"""The report's sections as Markdown: each function returns the Markdown paragraphs of one section (tables,
+bullets, images beside the report) computed from the comparison table."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from resnet8ptq.execution import NATIVE_MISMATCH, mismatch_cause
+from resnet8ptq.report.analysis import (
+    SIZE_TOLERANCE,
+    THROUGHPUT_TOLERANCE,
+    class_deltas,
+    fmt,
+    machine_names,
+    pareto_front,
+    recommendations,
+    worst_classes,
+)
+from resnet8ptq.report.figures import (
+    HEATMAP_PNG,
+    SIZE_PNG,
+    THROUGHPUT_PNG,
+    class_delta_heatmap_png,
+    tradeoff_png,
+)
+
+
+@dataclass(frozen=True)
+class Table:
+    """Rows of text under headers."""
+
+    headers: list[str]
+    rows: list[list[str]]
+
+    def markdown(self) -> str:
+        """A GitHub-flavoured Markdown table (pipes in cells escaped)."""
+        lines = ["| " + " | ".join(self.headers) + " |", "|" + "---|" * len(self.headers)]
+        lines += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in self.rows]
+        return "\n".join(lines)
+
+
+def _cell(text: object) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def bullets(items: list[str]) -> str:
+    """A Markdown bullet list."""
+    return "\n".join(f"- {item}" for item in items)
+
+
+@dataclass
+class Report:
+    """What a report shows, computed from the runs; its figures are written into ``out_dir``."""
+
+    title: str
+    context: list[str]
+    table: pd.DataFrame
+    failed: pd.DataFrame
+    max_drop_points: float
+    out_dir: Path
+    images: list[Path] = field(default_factory=list)
+
+    @property
+    def has_results(self) -> bool:
+        """Whether at least one quantized run finished."""
+        return bool(self.table["quantized"].any()) if len(self.table) else False
+
+    def image(self, path: Path, alt: str) -> str:
+        """Markdown for a figure written beside the report (and remembered, to log and embed it)."""
+        self.images.append(path)
+        return f"![{alt}]({path.name})"
+
+
+def comparison_rows(table: pd.DataFrame, max_drop_points: float) -> Table:
+    """The comparison table, one row per finished run."""
+    headers = [
+        "configuration",
+        "backend",
+        "dtype",
+        "act/weight",
+        "calib",
+        "per-channel",
+        "accuracy (%)",
+        "Δ vs FP32 (points)",
+        "size (KiB)",
+        "size reduction",
+        "throughput (img/s)",
+        "latency b1 (ms)",
+        "execution",
+        "native (%)",
+        "kernel gap (points)",
+    ]
+    machines = machine_names(table)
+    headers += ["machine"] if len(machines) > 1 else []
+    headers.append("run")
+    rows = []
+    for row in table.itertuples():
+        over = row.quantized and row.delta_points < -max_drop_points
+        rows.append(
+            [
+                row.label,
+                row.backend,
+                row.dtype,
+                f"{row.activation}/{row.weight}",
+                row.calib or "—",
+                row.per_channel or "—",
+                fmt(row.accuracy_pct, ".2f"),
+                fmt(row.delta_points, "+.2f", " ⚠" if over else ""),
+                fmt(row.size_kib, ".1f"),
+                fmt(row.size_reduction, ".2f", "x"),
+                fmt(row.throughput_img_s, ".0f"),
+                fmt(row.latency_ms_b1, ".3f"),
+                row.execution or "—",
+                fmt(row.accuracy_native * 100, ".2f") if np.isfinite(row.accuracy_native) else "—",
+                fmt(row.kernel_gap_points, "+.2f") if np.isfinite(row.kernel_gap_points) else "—",
+                *([machines[row.hardware]] if len(machines) > 1 else []),
+                row.run_id[:8],
+            ]
+        )
+    return Table(headers, rows)
+
+
+def failed_rows(failed: pd.DataFrame) -> Table:
+    """Runs that did not finish, with their status and error."""
+    rows = [
+        [row.label, row.run_name, row.status, (row.error or "(no error recorded)")[:400], row.run_id[:8]]
+        for row in failed.sort_values(["backend", "label"]).itertuples()
+    ]
+    return Table(["configuration", "run name", "status", "error", "run"], rows)
+
+
+def recommendation_section(table: pd.DataFrame, limit: float) -> list[str]:
+    """The picks as bullets, then the configurations over the accuracy-drop limit."""
+    picks, over = recommendations(table, limit)
+    items = [f"**{pick.what}**: {pick.label} — {pick.detail}" for pick in picks]
+    over_text = ", ".join(f"{r.label} ({r.delta_points:+.2f} points)" for r in over.itertuples())
+    items.append(f"**Accuracy drop over {limit:g} points**: {over_text or 'none'}")
+    scope = (
+        f"among the configurations within the {limit:g}-point limit"
+        if len(over) < int(table["quantized"].sum())
+        else f"among all configurations (none is within the {limit:g}-point limit)"
+    )
+    note = (
+        f"Smallest and fastest are chosen {scope}; sizes within {SIZE_TOLERANCE:.0%} and throughputs within "
+        f"{THROUGHPUT_TOLERANCE:.0%} count as ties, won by the more accurate."
+    )
+    return ["## Recommendations", bullets(items), note]
+
+
+def execution_section(table: pd.DataFrame) -> list[str]:
+    """Reference vs native accuracy of the runs whose integer kernels ran, with the cause of each mismatch,
+    then how the other configurations executed."""
+    quantized = table[table["quantized"] & (table["execution"].fillna("") != "")].fillna(
+        {"execution_reason": ""}
+    )
+    if quantized.empty:
+        return []
+    section = [
+        "## Reference and native execution",
+        "`accuracy` is the reference semantics (the quantized model's exact quantize/dequantize "
+        "arithmetic, the same on every CPU). Where the runtime runs integer kernels, their accuracy on this "
+        "CPU is measured too: `native` when it matches the reference within the tolerance, "
+        "`native-mismatch` when it does not.",
+    ]
+    kernels = quantized[quantized["kernel_gap_points"].notna()]
+    machines = machine_names(table)
+    if len(kernels):
+        rows = [
+            [
+                r.label,
+                machines[r.hardware] if len(machines) > 1 else r.hardware,
+                f"{r.accuracy * 100:.2f}",
+                f"{r.accuracy_native * 100:.2f}",
+                f"{r.kernel_gap_points:+.2f}",
+                r.execution,
+            ]
+            for r in kernels.sort_values(["hardware", "label"]).itertuples()
+        ]
+        headers = ["configuration", "machine", "reference (%)", "native (%)", "gap (points)", "execution"]
+        section.append(Table(headers, rows).markdown())
+    causes: dict[str, list[str]] = {}
+    for r in quantized[quantized["execution"] == NATIVE_MISMATCH].itertuples():
+        if r.int8_dot_product is None:
+            cause = "the machine was not recorded"
+        else:
+            cause = mismatch_cause(bool(r.int8_dot_product), (r.activation, r.weight))
+        causes.setdefault(cause, []).append(r.label)
+    simulated = quantized[quantized["kernel_gap_points"].isna()]
+    items = [f"**native-mismatch** ({', '.join(labels)}): {cause}" for cause, labels in causes.items()]
+    items += [
+        f"**{execution}** ({reason or 'no reason recorded'}): {', '.join(group['label'])}"
+        for (execution, reason), group in simulated.groupby(["execution", "execution_reason"], sort=True)
+    ]
+    return section + ([bullets(items)] if items else [])
+
+
+def per_class_section(report: Report) -> list[str]:
+    """The classes that lose the most, and the heatmap of every class under every configuration."""
+    deltas = class_deltas(report.table)
+    if deltas.empty:
+        return []
+    section = ["## Per-class accuracy"]
+    worst = worst_classes(deltas)
+    if len(worst):
+        top = worst.iloc[0]
+        section.append(
+            f"Most affected: **{top['class']} {top['worst_points']:+.1f} points under {top['config']}**."
+        )
+        rows = [
+            [r["class"], f"{r['worst_points']:+.1f}", r["config"], f"{r['mean_points']:+.2f}"]
+            for r in worst.to_dict("records")
+        ]
+        headers = ["class", "worst Δ (points)", "under", "mean Δ over configs (points)"]
+        section.append(Table(headers, rows).markdown())
+    else:
+        section.append("No class loses accuracy under any configuration.")
+    heatmap = class_delta_heatmap_png(deltas, report.out_dir / HEATMAP_PNG)
+    section.append(report.image(heatmap, "per-class accuracy change vs FP32"))
+    return section
+
+
+def layer_error_section(table: pd.DataFrame) -> list[str]:
+    """The worst layer of each configuration (per-layer SQNR against FP32; every layer in analysis/)."""
+    quantized = table[table["quantized"] & (table["sqnr_worst_layer"].fillna("") != "")]
+    if quantized.empty:
+        return []
+    quantized = quantized.sort_values("sqnr_activation_min_db", na_position="last")
+    rows = [
+        [r.label, f"{r.sqnr_activation_min_db:.1f}", f"{r.sqnr_weight_min_db:.1f}", r.sqnr_worst_layer]
+        for r in quantized.itertuples()
+    ]
+    note = (
+        "Signal-to-quantization-noise ratio of each layer against the FP32 model on calibration images "
+        "(higher is better; every 6 dB is one bit). Each run's `analysis/layer_sqnr.csv` and "
+        "`layer_sqnr.png` list every layer."
+    )
+    header = ["configuration", "min activation SQNR (dB)", "min weight SQNR (dB)", "worst layer"]
+    return ["## Per-layer error (worst layers)", note, Table(header, rows).markdown()]
+
+
+def tradeoff_section(report: Report) -> list[str]:
+    """Accuracy vs size and vs throughput (per machine: speed compares only within one), with the
+    Pareto-optimal configurations named."""
+    section = ["## Trade-offs"]
+    machines = machine_names(report.table)
+    panels = [("size_kib", "model size (KiB)", True, SIZE_PNG, "accuracy vs model size", report.table)]
+    for label, short in machines.items():
+        png = THROUGHPUT_PNG if len(machines) == 1 else THROUGHPUT_PNG.replace(".png", f"_{short}.png")
+        what = "accuracy vs throughput" + (f" on {short} ({label})" if len(machines) > 1 else "")
+        rows = report.table[report.table["hardware"] == label]
+        panels.append(("throughput_img_s", "throughput (img/s)", False, png, what, rows))
+    for x, x_label, minimize, png, what, rows in panels:
+        points = rows.dropna(subset=[x, "accuracy_pct"]).reset_index(drop=True)
+        if points.empty:
+            continue
+        front = pareto_front(points[x].to_numpy(), points["accuracy_pct"].to_numpy(), minimize_x=minimize)
+        section.append(f"Pareto front, {what}: **" + ", ".join(points.loc[front, "label"]) + "**.")
+        title = f"{what.capitalize()} (Pareto front ringed)"
+        path = tradeoff_png(points, x, x_label, front, report.out_dir / png, title)
+        section.append(report.image(path, what))
+    return section
+
+
+def nothing_to_report_message(report: Report) -> str:
+    """Why there is no comparison."""
+    return (
+        f"Nothing to report: no finished quantized run ({len(report.failed)} failed or unfinished, "
+        f"{int((~report.table['quantized']).sum())} FP32 baseline(s) finished)."
+    )

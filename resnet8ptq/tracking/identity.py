@@ -1,0 +1,84 @@
+"""What identifies a run's result: the resolved settings that decide it, hashed as `config_hash`, and the code
+version (`git_commit`)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+
+PROJECT_DIR = Path(__file__).resolve().parents[1]
+
+
+RESULT_KEYS = (
+    "backend",
+    "dtype",
+    "calib",
+    "per_channel",
+    "reduce_range",
+    "native_tolerance_points",
+    "data.calib_per_class",
+    "data.seed",
+)
+
+
+GROUP_CHOICES = ("backend", "dtype", "calib")
+
+
+def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{"a": {"b": 1}} -> {"a.b": 1}."""
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            flat.update(flatten(value, f"{name}."))
+        else:
+            flat[name] = value
+    return flat
+
+
+def run_params(cfg: DictConfig) -> dict[str, Any]:
+    """The resolved config, flattened, plus the config-group choices (`backend`, `dtype`, `calib`)."""
+    params = flatten(OmegaConf.to_container(cfg, resolve=True))
+    if HydraConfig.initialized():
+        choices = HydraConfig.get().runtime.choices
+        params.update({group: choices[group] for group in ("backend", "dtype", "calib") if group in choices})
+    return params
+
+
+def config_hash(params: Mapping[str, Any], identity: Mapping[str, str]) -> str:
+    """A short hash of what determines a run's result: the RESULT_KEYS settings in ``params`` plus
+    ``identity`` (the model's actual content and the library versions). Paths, the tracking store,
+    `rerun` and the report settings do not count (the backend counts by its options and class)."""
+    prefixes = tuple(f"{key}." for key in RESULT_KEYS)
+    relevant = {
+        key: str(value)
+        for key, value in params.items()
+        if key not in GROUP_CHOICES and (key in RESULT_KEYS or key.startswith(prefixes))
+    }
+    relevant.update(identity)
+    return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def git_commit() -> str:
+    """The project's git commit (with `-dirty` for uncommitted changes), or `unknown`."""
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=PROJECT_DIR, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=PROJECT_DIR,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return f"{commit}-dirty" if dirty else commit

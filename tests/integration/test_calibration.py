@@ -1,0 +1,78 @@
+"""Calibration methods mean what they say: entropy and percentile really differ from minmax, and the
+shared RangeCollector reproduces ORT's calibrators exactly."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from onnxruntime.quantization import create_calibrator
+
+from resnet8ptq.backends.base import QuantizedModel, QuantSpec
+from resnet8ptq.backends.onnx.backend import OnnxRuntimeBackend
+from resnet8ptq.backends.onnx.reader import ImageReader
+from resnet8ptq.calibration import CalibConfig, RangeCollector, batches
+from resnet8ptq.data import Cifar10, calibration_set
+from resnet8ptq.dtype import DtypeConfig
+from resnet8ptq.model import CanonicalModel
+
+SPECS = {
+    "minmax": CalibConfig("minmax"),
+    "entropy": CalibConfig("entropy", num_bins=2048, num_quantized_bins=128),
+    "percentile": CalibConfig("percentile", symmetric=True, num_bins=2048, percentile=99.999),
+}
+
+
+@pytest.fixture(scope="module")
+def calibration_images(cifar: Cifar10) -> np.ndarray:
+    return calibration_set(cifar, per_class=20, seed=42)[0]
+
+
+@pytest.fixture(scope="module")
+def onnx_quantized(
+    canonical_model: CanonicalModel, calibration_images: np.ndarray, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, QuantizedModel]:
+    backend = OnnxRuntimeBackend(native=False)
+    return {
+        method: backend.quantize(
+            canonical_model.onnx_path,
+            calibration_images,
+            QuantSpec(DtypeConfig("uint8", "int8"), spec, False),
+            tmp_path_factory.mktemp(method),
+        )
+        for method, spec in SPECS.items()
+    }
+
+
+@pytest.mark.parametrize("method", ["entropy", "percentile"])
+def test_histogram_methods_differ_from_minmax(onnx_quantized: dict[str, QuantizedModel], method: str) -> None:
+    minmax = {r.tensor: (r.min, r.max) for r in onnx_quantized["minmax"].ranges}
+    other = {r.tensor: (r.min, r.max) for r in onnx_quantized[method].ranges}
+    assert minmax.keys() == other.keys()
+    narrower = [t for t in minmax if other[t][1] < minmax[t][1] - 1e-3 * abs(minmax[t][1])]
+    # Clipping outliers is the point of both methods: most activation ranges must shrink.
+    assert len(narrower) >= len(minmax) // 2, f"{method} ranges barely differ from minmax"
+
+
+@pytest.mark.parametrize("method", list(SPECS))
+def test_range_collector_reproduces_ort(
+    method: str, canonical_model: CanonicalModel, calibration_images: np.ndarray, tmp_path: Path
+) -> None:
+    """The collector other backends use gives ORT's range for the same tensor and data (the model input)."""
+    spec = SPECS[method]
+    calibrator = create_calibrator(
+        canonical_model.onnx_path,
+        ["Transpose", "Conv"],
+        augmented_model_path=str(tmp_path / "aug.onnx"),
+        calibrate_method=spec.ort_method(),
+        extra_options=spec.ort_options(),
+    )
+    calibrator.collect_data(ImageReader(calibration_images, spec.batch_size, "input"))
+    ort_low, ort_high = (np.asarray(v).item() for v in calibrator.compute_data().data["input"].range_value)
+    collector = RangeCollector(spec)
+    for batch in batches(calibration_images, spec.batch_size):
+        collector.add(batch)
+    low, high = collector.compute()
+    assert low == pytest.approx(float(ort_low), rel=1e-6, abs=1e-6)
+    assert high == pytest.approx(float(ort_high), rel=1e-6)

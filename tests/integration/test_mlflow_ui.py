@@ -1,0 +1,298 @@
+"""End to end through the MLflow UI: `mlflow server` on a small store, looked at in headless Chromium.
+
+Chromium is driven over the DevTools protocol with aiohttp (an mlflow dependency): no WebDriver needed.
+Without /usr/bin/chromium (Debian package `chromium`) the tests skip, except in CI (`CI` set) where they fail.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from mlflow.entities import Metric, RunTag
+from mlflow.tracking import MlflowClient
+
+from tests.integration.servers import mlflow_server, stop
+
+CHROMIUM = "/usr/bin/chromium"
+VIEWPORT = (1920, 1000)
+# run name -> (status, accuracy, model size in bytes); None = a failed run without metrics
+CHILDREN: dict[str, tuple[str, float | None, int | None]] = {
+    "onnx-fp32": ("FINISHED", 0.8719, 320784),
+    "onnx-int8-int8-minmax-pt": ("FINISHED", 0.8654, 110635),
+    "onnx-uint8-uint8-minmax-pt": ("FINISHED", 0.8673, 110534),
+    "onnx-uint8-int8-entropy-pt": ("FAILED", None, None),
+}
+PARENT = "sweep ui-check"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def chromium() -> str:
+    """Debian's Chromium, checked before anything starts: skip when absent (fail in CI, which needs it)."""
+    binary = shutil.which("chromium") or (CHROMIUM if Path(CHROMIUM).is_file() else None)
+    if binary is None:
+        message = "headless Chromium not found: install the Debian package `chromium`"
+        if os.environ.get("CI"):
+            pytest.fail(f"{message} (CI must provide it)")
+        pytest.skip(message)
+    return binary
+
+
+class Browser:
+    """A headless Chromium page driven over the Chrome DevTools Protocol (synchronous wrapper)."""
+
+    def __init__(self, binary: str, profile: Path) -> None:
+        self._process = subprocess.Popen(
+            [
+                binary,
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-dev-shm-usage",
+                "--disable-quic",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--remote-debugging-port=0",
+                f"--user-data-dir={profile}",
+                f"--window-size={VIEWPORT[0]},{VIEWPORT[1]}",
+                "about:blank",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        self._loop = asyncio.new_event_loop()
+        self._message_id = 0
+        try:
+            self._loop.run_until_complete(self._connect(profile / "DevToolsActivePort"))
+        except BaseException:
+            self.close()
+            raise
+        width, height = VIEWPORT
+        self.send(
+            "Emulation.setDeviceMetricsOverride",
+            width=width,
+            height=height,
+            deviceScaleFactor=1,
+            mobile=False,
+        )
+
+    async def _connect(self, port_file: Path) -> None:
+        self._session = aiohttp.ClientSession()
+        deadline = time.monotonic() + 30
+        while not (port_file.is_file() and port_file.read_text().strip()):
+            if self._process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"Chromium did not start its DevTools endpoint (exit {self._process.poll()})"
+                )
+            await asyncio.sleep(0.1)
+        port = int(port_file.read_text().split()[0])
+        async with self._session.get(f"http://127.0.0.1:{port}/json/list") as response:
+            page = next(target for target in await response.json() if target["type"] == "page")
+        self._socket = await self._session.ws_connect(page["webSocketDebuggerUrl"], max_msg_size=0)
+
+    async def _call(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
+        self._message_id += 1
+        await self._socket.send_json({"id": self._message_id, "method": method, "params": params})
+        while True:  # skip events until our answer
+            message = json.loads((await asyncio.wait_for(self._socket.receive(), 60)).data)
+            if message.get("id") == self._message_id:
+                if "error" in message:
+                    raise RuntimeError(f"{method}: {message['error']}")
+                return message["result"]
+
+    def send(self, method: str, **params: Any) -> dict[str, Any]:
+        """One DevTools command; its result."""
+        return self._loop.run_until_complete(self._call(method, params))
+
+    def js(self, expression: str) -> Any:
+        """Evaluate JavaScript in the page; its value."""
+        result = self.send("Runtime.evaluate", expression=expression, returnByValue=True, awaitPromise=True)
+        if "exceptionDetails" in result:
+            raise RuntimeError(f"{expression}: {result['exceptionDetails']}")
+        return result["result"].get("value")
+
+    def wait_for(self, expression: str, timeout: float = 60, what: str = "") -> Any:
+        """Poll a JavaScript expression until it is truthy; its value."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if value := self.js(
+                f"(() => {{ try {{ return {expression}; }} catch (e) {{ return null; }} }})()"
+            ):
+                return value
+            time.sleep(0.25)
+        text = self.js("document.body ? document.body.innerText : ''") or ""
+        raise AssertionError(f"timed out waiting for {what or expression}; page text: {text[:1500]!r}")
+
+    def open(self, url: str) -> None:
+        self.send("Page.navigate", url=url)
+
+    def text(self) -> str:
+        return self.js("document.body.innerText")
+
+    def screenshot(self, path: Path) -> Path:
+        path.write_bytes(base64.b64decode(self.send("Page.captureScreenshot", format="png")["data"]))
+        return path
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            if hasattr(self, "_socket"):
+                self._loop.run_until_complete(self._socket.close())
+        with contextlib.suppress(Exception):
+            self._loop.run_until_complete(self._session.close())
+        self._loop.close()
+        stop(self._process, grace=15)
+
+
+@dataclass
+class Store:
+    uri: str
+    experiment_id: str
+    parent: str
+    children: dict[str, str]  # run name -> run id
+
+
+def build_store(root: Path) -> Store:
+    """A sweep parent with an FP32 baseline, two quantized runs and a failed one, as the pipeline logs."""
+    uri = f"sqlite:///{root / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    experiment_id = client.create_experiment("resnet8ptq", artifact_location=(root / "mlruns").as_uri())
+    parent_tags = {"sweep": "true", "sweep_kind": "sweep", "sweep_dir": str(root / "runs"), "overrides": "ui"}
+    parent = client.create_run(experiment_id, run_name=PARENT, tags=parent_tags).info.run_id
+    children = {}
+    for name, (status, accuracy, size) in CHILDREN.items():
+        tags = {
+            "mlflow.parentRunId": parent,
+            "backend": "onnx",
+            "quantized": str(name != "onnx-fp32").lower(),
+        }
+        run_id = client.create_run(experiment_id, run_name=name, tags=tags).info.run_id
+        if accuracy is None:
+            client.log_batch(run_id, tags=[RunTag("error", "RuntimeError: calibration diverged")])
+        else:
+            metrics = {"accuracy": accuracy, "model_size_bytes": size}
+            client.log_batch(run_id, metrics=[Metric(k, v, 0, 0) for k, v in metrics.items()])
+        client.set_terminated(run_id, status)
+        children[name] = run_id
+    client.set_terminated(parent, "FAILED")
+    return Store(uri, experiment_id, parent, children)
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Store:
+    return build_store(tmp_path_factory.mktemp("ui-store"))
+
+
+@pytest.fixture(scope="module")
+def server(store: Store, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """`mlflow server` on 127.0.0.1 with a free port, serving the store; its base URL once /health answers."""
+    with mlflow_server(store.uri, tmp_path_factory.mktemp("ui-server") / "server.log", timeout=90) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def browser(chromium: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Browser]:
+    page = Browser(chromium, tmp_path_factory.mktemp("chromium-profile"))
+    yield page
+    page.close()
+
+
+@pytest.fixture(scope="module")
+def screenshots(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("ui-screenshots")
+
+
+def _row(run_id: str) -> str:
+    return f"document.querySelector('[role=row][row-id=\"{run_id}\"]')"
+
+
+def test_runs_table_groups_the_sweep_and_shows_metrics(
+    store: Store, server: str, browser: Browser, screenshots: Path
+) -> None:
+    browser.open(f"{server}/#/experiments/{store.experiment_id}/runs")
+    browser.wait_for(f"document.body.innerText.includes({PARENT!r})", what="the sweep's parent run")
+    browser.js(
+        "document.querySelectorAll('button[aria-label=Close]').forEach(b => b.click())"
+    )  # assistant panel
+    count = f"{len(CHILDREN) + 1} matching runs"
+    browser.wait_for(f"document.body.innerText.includes({count!r})", what=count)
+    collapsed = browser.js(
+        "[...document.querySelectorAll('[role=row][row-id]')].map(r => r.getAttribute('row-id'))"
+    )
+    assert set(collapsed) == {store.parent}, "children start folded under their parent"
+
+    browser.js(f"{_row(store.parent)}.querySelector('[col-id*=\"Run Name\"] button').click()")  # the expander
+    names = list(CHILDREN)
+    browser.wait_for(
+        " && ".join(f"document.body.innerText.includes({n!r})" for n in names), what="child runs"
+    )
+    # Nested: each child's name sits further right than the parent's.
+    name_x = (
+        "(id) => document.querySelector(`[role=row][row-id='${id}'] a[href*='/runs/']`)"
+        ".getBoundingClientRect().left"
+    )
+    parent_x = browser.js(f"({name_x})({json.dumps(store.parent)})")
+    for name, run_id in store.children.items():
+        assert browser.js(f"({name_x})({json.dumps(run_id)})") > parent_x + 10, f"{name} is not indented"
+
+    # Show the accuracy and size metric columns (Columns menu), then read the cells.
+    browser.js("document.querySelector('[data-testid=column-selection-dropdown]').click()")
+    for metric in ("accuracy", "model_size_bytes"):
+        checkbox = (
+            f"document.querySelector('.du-bois-light-tree-node-content-wrapper[title={metric}]')"
+            ".parentElement.querySelector('.du-bois-light-tree-checkbox')"
+        )
+        browser.wait_for(f"!!{checkbox}", what=f"metric {metric} in the Columns menu")
+        browser.js(f"{checkbox}.click()")
+    for key in ("keyDown", "keyUp"):
+        browser.send(
+            "Input.dispatchKeyEvent", type=key, key="Escape", code="Escape", windowsVirtualKeyCode=27
+        )
+    cell = (
+        "(id, m) => document.querySelector(`[role=row][row-id='${id}'] [col-id='metrics.\\`${m}\\`']`)"
+        "?.innerText"
+    )
+    for name, (_, accuracy, size) in CHILDREN.items():
+        run_id = json.dumps(store.children[name])
+        expected = "-" if accuracy is None else str(accuracy)
+        got = browser.wait_for(f"({cell})({run_id}, 'accuracy')", what=f"accuracy of {name}")
+        assert got == expected, name
+        assert browser.js(f"({cell})({run_id}, 'model_size_bytes')") == ("-" if size is None else str(size))
+    time.sleep(0.5)
+    path = browser.screenshot(screenshots / "mlflow_runs_table.png")
+    print(f"screenshot: {path}")
+
+
+def test_child_run_page_links_its_parent_and_lists_metrics(
+    store: Store, server: str, browser: Browser, screenshots: Path
+) -> None:
+    run_id = store.children["onnx-int8-int8-minmax-pt"]
+    browser.open(f"{server}/#/experiments/{store.experiment_id}/runs/{run_id}")
+    browser.wait_for("document.body.innerText.includes('0.8654')", what="the run's accuracy")
+    text = browser.text()
+    assert "onnx-int8-int8-minmax-pt" in text and "accuracy" in text and "110635" in text
+    link = browser.wait_for(f"document.querySelector('a[href$=\"/runs/{store.parent}\"]')?.innerText")
+    assert link == PARENT, "the child links to its sweep as parent run"
+    assert "Parent run" in text
+    print(f"screenshot: {browser.screenshot(screenshots / 'mlflow_child_run.png')}")
+
+
+def test_failed_run_shows_failed(store: Store, server: str, browser: Browser) -> None:
+    run_id = store.children["onnx-uint8-int8-entropy-pt"]
+    browser.open(f"{server}/#/experiments/{store.experiment_id}/runs/{run_id}")
+    browser.wait_for("document.body.innerText.includes('calibration diverged')", what="the error tag")
+    assert "Failed" in browser.text()

@@ -1,0 +1,99 @@
+"""Config composition (Hydra groups, typed schema) and the errors a user gets for bad choices."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException
+from hydra.utils import get_class, instantiate
+from omegaconf import DictConfig, OmegaConf
+
+import resnet8ptq.config  # noqa: F401  (registers base_config)
+from resnet8ptq.backends.base import Backend
+from resnet8ptq.config import quant_spec
+
+CONF = Path(__file__).resolve().parents[2] / "conf"
+
+
+def composed(*overrides: str) -> DictConfig:
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose("config", overrides=list(overrides), return_hydra_config=True)
+
+
+def test_defaults() -> None:
+    cfg = composed()
+    assert cfg.backend == {"_target_": "resnet8ptq.backends.onnx.backend.OnnxRuntimeBackend", "native": True}
+    assert (cfg.dtype.activation, cfg.dtype.weight) == ("int8", "int8")
+    assert cfg.calib.method == "minmax"
+    assert cfg.per_channel is False
+    assert (cfg.data.calib_per_class, cfg.data.seed) == (100, 42)
+    assert cfg.mlflow.tracking_uri is None
+    assert cfg.hydra.run.dir.startswith("runs/") and cfg.hydra.sweep.dir.startswith("runs/")
+    assert cfg.hydra.job.chdir is False
+
+
+@pytest.mark.parametrize(
+    ("choice", "activation", "weight"),
+    [("int8", "int8", "int8"), ("uint8", "uint8", "uint8"), ("u8s8", "uint8", "int8")],
+)
+def test_dtype_group(choice: str, activation: str, weight: str) -> None:
+    spec = quant_spec(composed(f"dtype={choice}"))
+    assert spec.dtype.pair == (activation, weight)
+
+
+@pytest.mark.parametrize("choice", ["minmax", "entropy", "percentile"])
+def test_calib_group(choice: str) -> None:
+    spec = quant_spec(composed(f"calib={choice}", "per_channel=true"))
+    assert spec.calib.method == choice
+    assert spec.per_channel is True
+    if choice == "entropy":  # a real KL search, not ORT's default that equals minmax
+        assert spec.calib.num_quantized_bins < spec.calib.num_bins
+
+
+@pytest.mark.parametrize("name", sorted(path.stem for path in (CONF / "backend").glob("*.yaml")))
+def test_backend_group_instantiates_its_typed_config(name: str) -> None:
+    """Each `backend` choice is a package with a typed schema, and its `_target_` a Backend of that name."""
+    cfg = composed(f"backend={name}")
+    assert OmegaConf.get_type(cfg.backend).__module__ == f"resnet8ptq.backends.{name}.config"
+    backend_class = get_class(cfg.backend._target_)
+    assert issubclass(backend_class, Backend) and name == backend_class.NAME
+    backend = instantiate(cfg.backend, threads=1)
+    assert (backend.native, backend.threads) == (True, 1)
+
+
+def test_backend_options_are_typed() -> None:
+    assert composed("backend=torch", "backend.native=false").backend.native is False
+    with pytest.raises(ConfigCompositionException, match=r"backend\.compile"):
+        composed("backend=onnx", "backend.compile=true")
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        ("per_channel=maybe", "is not a valid bool"),
+        ("reduce_range=sometimes", "is not a valid bool"),
+        ("data.calib_per_class=lots", "to Integer"),
+        ("native_tolerance_points=small", "to Float"),
+    ],
+)
+def test_wrong_types_are_rejected(override: str, expected: str) -> None:
+    with pytest.raises(ConfigCompositionException, match=f"Error merging override {override}") as info:
+        composed(override)
+    assert expected in str(info.value.__cause__)
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("calib.num_quantized_bins=2048", "num_quantized_bins"),
+        ("calib.percentile=101", "percentile"),
+        ("dtype.activation=int4", "dtype.activation"),
+        ("native_tolerance_points=-0.1", "native_tolerance_points"),
+    ],
+)
+def test_bad_values_are_rejected(override: str, message: str) -> None:
+    group = "calib=percentile" if "percentile" in override else "calib=entropy"
+    with pytest.raises(ValueError, match=message):
+        quant_spec(composed(group, override))

@@ -1,0 +1,70 @@
+"""What `config_hash` covers: the settings that decide a run's result, the model and the library versions;
+not paths, the tracking store or the report settings."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+import resnet8ptq.config  # noqa: F401  (registers base_config)
+from resnet8ptq.tracking.identity import config_hash, run_params
+
+REPO = Path(__file__).resolve().parents[2]
+IDENTITY = {"model": "0123456789abcdef", "version.onnxruntime": "1.31.0"}
+
+
+def params(*overrides: str) -> dict:
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        return run_params(compose("config", overrides=list(overrides)))
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        "backend=torch",
+        "dtype=uint8",
+        "dtype=u8s8",
+        "calib=entropy",
+        "calib.symmetric=true",
+        "calib.batch_size=50",
+        "per_channel=true",
+        "reduce_range=true",
+        "native_tolerance_points=0.1",
+        "backend.native=false",
+        "data.calib_per_class=10",
+        "data.seed=1",
+    ],
+)
+def test_config_hash_changes_with_what_changes_the_result(override: str) -> None:
+    assert config_hash(params(override), IDENTITY) != config_hash(params(), IDENTITY)
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        "data.root=/elsewhere",
+        "data.download=false",
+        "model.path=/elsewhere/model.h5",  # its sha256 is what counts (identity)
+        "model.sha256=null",
+        "cache_dir=/elsewhere",
+        "mlflow.tracking_uri=http://tracking:5000",
+        "mlflow.experiment=other",
+        "rerun=true",
+        "threads=1",
+        "report.enabled=false",
+    ],
+)
+def test_config_hash_ignores_what_does_not(override: str) -> None:
+    assert config_hash(params(override), IDENTITY) == config_hash(params(), IDENTITY)
+
+
+def test_config_hash_counts_the_content_of_a_group_not_its_label() -> None:
+    spelled_out = params("dtype=int8", "dtype.activation=uint8", "dtype.weight=int8")
+    assert config_hash(spelled_out, IDENTITY) == config_hash(params("dtype=u8s8"), IDENTITY)
+
+
+@pytest.mark.parametrize("changed", [{"model": "fedcba9876543210"}, {"version.onnxruntime": "1.32.0"}])
+def test_config_hash_changes_with_the_model_and_the_libraries(changed: dict) -> None:
+    assert config_hash(params(), IDENTITY | changed) != config_hash(params(), IDENTITY)

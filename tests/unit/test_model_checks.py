@@ -1,0 +1,64 @@
+"""Bad model files are refused with the fix named; computed Reshape targets become constants."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from resnet8ptq import model as model_module
+from resnet8ptq.model import MODEL_SHA256, ModelError, resolve_h5
+
+
+def test_non_hdf5_file_is_refused(tmp_path: Path) -> None:
+    bogus = tmp_path / "model.h5"
+    bogus.write_text("not a model")
+    with pytest.raises(ModelError, match="not an HDF5 file"):
+        resolve_h5(bogus, None, tmp_path)
+
+
+def test_missing_model_path_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ModelError, match="does not exist"):
+        resolve_h5(tmp_path / "nope.h5", None, tmp_path)
+
+
+def test_failed_download_names_the_fix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(model_module.ASSETS_ENV, raising=False)
+    monkeypatch.setattr(model_module, "MODEL_URL", (tmp_path / "absent.h5").as_uri())
+    with pytest.raises(ModelError, match="RESNET8PTQ_ASSETS"):
+        resolve_h5(None, MODEL_SHA256, tmp_path / "cache")
+    assert not any((tmp_path / "cache" / "models").iterdir())
+
+
+def test_computed_reshape_target_becomes_constant() -> None:
+    """tf2onnx sometimes emits the flatten as Shape -> Gather -> Unsqueeze -> Concat -> Reshape."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    nodes = [
+        helper.make_node("Shape", ["x"], ["shape"]),
+        helper.make_node("Gather", ["shape", "zero"], ["batch"], axis=0),
+        helper.make_node("Unsqueeze", ["batch", "axes"], ["batch_1d"]),
+        helper.make_node("Concat", ["batch_1d", "features"], ["target"], axis=0),
+        helper.make_node("Reshape", ["x", "target"], ["y"]),
+    ]
+    constants = [
+        numpy_helper.from_array(np.array(0, np.int64), "zero"),
+        numpy_helper.from_array(np.array([0], np.int64), "axes"),
+        numpy_helper.from_array(np.array([4], np.int64), "features"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "flatten",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4, 1, 1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])],
+        constants,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    static = model_module.static_reshapes(model)
+    assert [node.op_type for node in static.graph.node] == ["Reshape"]
+    assert [init.name for init in static.graph.initializer] == ["y/static_shape"]
+    x = np.arange(12, dtype=np.float32).reshape(3, 4, 1, 1)
+    session = ort.InferenceSession(static.SerializeToString(), providers=["CPUExecutionProvider"])
+    np.testing.assert_array_equal(session.run(None, {"x": x})[0], x.reshape(3, 4))

@@ -1,0 +1,65 @@
+"""ONNX Runtime backend helpers on hand-made graphs: which kernels an optimised graph runs, and weight
+dequantization with uint8 zero points (checked against ONNX's reference implementation)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
+
+from resnet8ptq.backends.onnx.backend import kernel_summary
+from resnet8ptq.backends.onnx.layer_errors import dequantized_weights
+
+
+def _graph_of(*op_types: str) -> onnx.ModelProto:
+    nodes = [helper.make_node(op, [], [f"t{i}"]) for i, op in enumerate(op_types)]
+    return helper.make_model(helper.make_graph(nodes, "g", [], []))
+
+
+def test_fully_integer_graph() -> None:
+    integer, text = kernel_summary(_graph_of(*["QLinearConv"] * 9, "QGemm", "QLinearAdd", "DequantizeLinear"))
+    assert integer
+    assert text == "ONNX Runtime runs 10/10 conv/gemm layers in integer kernels (QGemm x1, QLinearConv x9)"
+
+
+def test_partly_integer_graph_lists_what_stays_float() -> None:
+    integer, text = kernel_summary(_graph_of(*["QLinearConv"] * 3, *["Conv"] * 6, "QGemm", "Add"))
+    assert integer and "4/10 conv/gemm layers" in text and "in float: Conv x6" in text
+
+
+def test_float_graph_has_no_integer_kernels() -> None:
+    integer, text = kernel_summary(_graph_of("DequantizeLinear", "Conv", "QuantizeLinear", "Gemm"))
+    assert not integer and "keeps all 2 conv/gemm layers in float" in text
+
+
+@pytest.mark.parametrize(
+    ("dtype", "zero_points", "axis"),
+    [
+        (np.uint8, [130, 3, 255], 0),  # uint8 weights: ORT's own weight matching wraps around here
+        (np.int8, [0, 0, 0], 0),
+        (np.uint8, [128], None),  # per tensor
+    ],
+)
+def test_dequantized_weights_follow_the_onnx_reference(
+    dtype, zero_points: list[int], axis: int | None
+) -> None:
+    rng = np.random.default_rng(0)
+    info = np.iinfo(dtype)
+    values = rng.integers(info.min, info.max + 1, size=(3, 2, 3, 3)).astype(dtype)
+    scale = np.array([0.01, 0.02, 0.5][: len(zero_points)], np.float32)
+    zero_point = np.array(zero_points, dtype)
+    inits = [
+        numpy_helper.from_array(values, "w_quantized"),
+        numpy_helper.from_array(scale if axis is not None else scale.reshape(()), "w_scale"),
+        numpy_helper.from_array(zero_point if axis is not None else zero_point.reshape(()), "w_zero_point"),
+    ]
+    attrs = {"axis": axis} if axis is not None else {}
+    node = helper.make_node("DequantizeLinear", ["w_quantized", "w_scale", "w_zero_point"], ["w"], **attrs)
+    output = helper.make_tensor_value_info("w", TensorProto.FLOAT, None)
+    model = helper.make_model(helper.make_graph([node], "g", [], [output], initializer=inits))
+    expected = ReferenceEvaluator(model).run(None, {})[0]
+    weights = dequantized_weights(model)
+    assert list(weights) == ["w"]
+    np.testing.assert_allclose(weights["w"], expected, rtol=0, atol=1e-6)
