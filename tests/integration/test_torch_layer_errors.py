@@ -159,7 +159,7 @@ def test_agrees_with_onnx_runtime(name, errors, onnx_path, calib_images, images,
     # Symmetric uint8 weights (per-channel: zero point 128) put each channel's extreme on a rounding tie
     # (+-127.5 steps): ORT rounds x / scale half to even, torch multiplies by 1 / scale and lands just inside
     # the tie, so a few weights differ by one step (3 of conv2d_1's 432) and the first activations by ~0.3 dB.
-    tie = SPECS[name].weight == "uint8" and SPECS[name].per_channel
+    tie = SPECS[name].dtype.weight == "uint8" and SPECS[name].per_channel
     for layer in ("activation_1/Relu", "activation_1_2/Relu"):
         assert torch_acts[layer] == pytest.approx(ort_acts[layer], abs=0.5 if tie else 0.01), layer
     differences = {layer: round(torch_acts[layer] - ort_acts[layer], 2) for layer in ACTIVATIONS}

@@ -96,9 +96,7 @@ class TorchBackend(Backend):
         quantize_seconds = time.perf_counter() - start - calib_seconds  # as in ORT: calibration apart
 
         reference = make_predictor(program.module())
-        runtime, compile_seconds = self._runtime(
-            program, input_shape, (activation_dtype, weight_dtype), reference
-        )
+        runtime, compile_seconds = self._runtime(program, shape, (activation_dtype, weight_dtype), reference)
         log.info("torch %s/%s runtime: %s", activation_dtype, weight_dtype, runtime.kernels)
         return QuantizedModel(
             path=path,
@@ -123,7 +121,7 @@ class TorchBackend(Backend):
     def _runtime(
         self,
         program: torch.export.ExportedProgram,
-        input_shape: tuple[int, ...],
+        shape: tuple[int, ...],
         dtypes: tuple[str, str],
         reference: Predictor,
     ) -> tuple[Runtime, float]:
@@ -138,7 +136,7 @@ class TorchBackend(Backend):
             )
             return Runtime(reference, False, reason), 0.0
         try:
-            compiled, seconds, lowered = compile_native(program.module(), input_shape)
+            compiled, seconds, lowered = compile_native(program.module(), shape)
         except NativeUnavailable as err:
             return Runtime(
                 reference, False, f"no integer kernels ({err}): the q/dq program runs"

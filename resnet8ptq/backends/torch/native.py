@@ -11,7 +11,7 @@ from torch import fx
 
 from resnet8ptq.backends.base import Predictor
 from resnet8ptq.backends.torch.convert import PREDICT_BATCH
-from resnet8ptq.backends.torch.private_api import clear_inductor_counters, inductor_int8_prepacks
+from resnet8ptq.backends.torch.private_api import clear_inductor_counters, freezing, inductor_int8_prepacks
 from resnet8ptq.backends.torch.program import count_targets
 
 
@@ -34,8 +34,8 @@ def compile_native(module: fx.GraphModule, input_shape: tuple[int, ...]) -> tupl
     torch.compiler.reset()  # a fresh cache: no recompile limit reached across many quantize() calls
     clear_inductor_counters()
     start = time.perf_counter()
-    compiled = torch.compile(module, dynamic=False, options={"freezing": True})
-    with torch.inference_mode():
+    compiled = torch.compile(module, dynamic=False)
+    with freezing(), torch.inference_mode():
         try:
             compiled(torch.zeros((PREDICT_BATCH, *input_shape)))
         except Exception as err:  # inductor raises many types when a kernel refuses a dtype
@@ -46,7 +46,7 @@ def compile_native(module: fx.GraphModule, input_shape: tuple[int, ...]) -> tupl
     lowered = f"{packed[0]}/{expected[0]} conv and {packed[1]}/{expected[1]} linear layers"
     if packed != expected:
         raise NativeUnavailable(f"inductor lowered {lowered} to int8 kernels", seconds)
-    with torch.inference_mode():
+    with freezing(), torch.inference_mode():
         compiled(torch.zeros((1, *input_shape)))  # a second specialisation, for single-image latency
     return _padded_predictor(compiled, input_shape), time.perf_counter() - start, lowered
 
@@ -58,7 +58,7 @@ def _padded_predictor(compiled: Any, input_shape: tuple[int, ...]) -> Predictor:
     def predict(images: np.ndarray) -> np.ndarray:
         images = np.asarray(images, dtype=np.float32)
         outputs = []
-        with torch.inference_mode():
+        with freezing(), torch.inference_mode():
             if len(images) == 1:
                 return compiled(torch.from_numpy(images)).numpy()
             for start in range(0, len(images), PREDICT_BATCH):
