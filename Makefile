@@ -46,6 +46,7 @@ bench: $(PROJECT)  ## benchmark figures (prints them)
 	$(BIN)/python bench/sweeps.py
 
 ui: $(PROJECT)  ## MLflow UI for the runs tracked in this directory (mlflow.db + mlruns/)
+	@echo "Runs table: http://$(HOST):$(PORT)/#/experiments?workflowType=machine_learning (then the experiment)"
 	$(BIN)/mlflow ui --host $(HOST) --port $(PORT)
 
 lock:  ## regenerate requirements.lock from pyproject.toml in a scratch venv

@@ -10,6 +10,7 @@ import atexit
 import errno
 import logging
 import tempfile
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ from resnet8ptq.model import ModelError
 from resnet8ptq.tracking.identity import git_commit
 from resnet8ptq.tracking.runs import process_tags
 from resnet8ptq.tracking.stale import close_stale_runs
-from resnet8ptq.tracking.store import TrackingError, configure
+from resnet8ptq.tracking.store import TrackingError, configure, runs_page
 from resnet8ptq.tracking.sweep import end_sweep_run, start_sweep_run, tag_sweep_error
 
 log = logging.getLogger(__name__)
@@ -84,6 +85,8 @@ class SweepRunCallback(Callback):
     def __init__(self) -> None:
         self._run_id: str | None = None
         self._report = ReportConfig()
+        self._register_as: str | None = None
+        self._experiment_id = ""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         self._start(config, Path(config.hydra.run.dir), "run")
@@ -107,7 +110,7 @@ class SweepRunCallback(Callback):
         overrides = " ".join(config.hydra.overrides.task) or "(defaults)"
         self._run_id = start_sweep_run(
             experiment_id,
-            f"{kind} {output_dir.name}",
+            f"{overrides[:200]} @ {datetime.now():%H:%M}",
             {
                 "sweep_kind": kind,
                 "sweep_dir": str(output_dir.resolve()),
@@ -118,6 +121,8 @@ class SweepRunCallback(Callback):
             },
         )
         self._report = ReportConfig(**config.report)
+        self._register_as = config.mlflow.register_as
+        self._experiment_id = experiment_id
         atexit.register(self._end)
         log.info("MLflow sweep run %s (experiment %s)", self._run_id, config.mlflow.experiment)
 
@@ -128,6 +133,11 @@ class SweepRunCallback(Callback):
         end_sweep_run(run_id)
         if self._report.enabled:
             write_report_safely(run_id, self._report.max_drop_points)
+        if self._register_as:
+            from resnet8ptq.report.registry import register_most_accurate
+
+            register_most_accurate(run_id, self._register_as, self._report.max_drop_points)
+        log.info("Runs in the MLflow UI (`make ui` for a local store): %s", runs_page(self._experiment_id))
 
 
 def write_report_safely(run_id: str, max_drop_points: float) -> None:

@@ -40,6 +40,7 @@ class ModelConfig:
 class MlflowConfig:
     tracking_uri: str | None = None
     experiment: str = "resnet8ptq"
+    register_as: str | None = None  # register the sweep's most accurate model under this name
 
 
 @dataclass

@@ -5,21 +5,25 @@ from __future__ import annotations
 import functools
 import logging
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
+from mlflow.data.numpy_dataset import NumpyDataset
 from omegaconf import DictConfig, OmegaConf
 
 from resnet8ptq import hardware, records
 from resnet8ptq.backends.base import Backend
 from resnet8ptq.config import ConfigError, quant_spec
-from resnet8ptq.data import Cifar10, calibration_set, load_cifar10, to_model_input
+from resnet8ptq.data import BINARY_DIR, PYTHON_DIR, Cifar10, calibration_set, load_cifar10, to_model_input
 from resnet8ptq.evaluate import Baseline, evaluate_baseline, evaluate_quantized
 from resnet8ptq.model import CanonicalModel, ModelError, canonical_onnx, conversion_key, resolve_h5
+from resnet8ptq.records import ModelRecord
 from resnet8ptq.tracking.identity import config_hash, git_commit, run_params
+from resnet8ptq.tracking.models import content_digest, numpy_dataset
 from resnet8ptq.tracking.runs import child_run, set_tags, skip_finished
 from resnet8ptq.tracking.store import configure
 
@@ -66,7 +70,11 @@ def run(cfg: DictConfig, output_dir: Path) -> float:
             **hardware.detect().tags(),
         }
         set_tags(run_id, context)
-        records.log_baseline_once(experiment_id, backend.NAME, baseline, params, tags | context, output_dir)
+        inputs = run_inputs(data, cfg.data.calib_per_class, cfg.data.seed)
+        fp32_record = ModelRecord(backend.mlflow_flavor(baseline.model.path), test_images[:2], inputs.fp32)
+        records.log_baseline_once(
+            experiment_id, backend.NAME, baseline, params, tags | context, output_dir, fp32_record
+        )
 
         # 3. Quantize.
         quantized = backend.quantize(canonical.onnx_path, calibration_images, spec, output_dir / "model")
@@ -87,7 +95,10 @@ def run(cfg: DictConfig, output_dir: Path) -> float:
         )
 
         # 5. Log.
-        records.log_quantized(run_id, run_name, cfg, quantized, result, baseline, layer_errors, output_dir)
+        model = ModelRecord(backend.mlflow_flavor(quantized.path), test_images[:2], inputs.quantized)
+        records.log_quantized(
+            run_id, run_name, cfg, quantized, result, baseline, layer_errors, output_dir, model
+        )
     return result.reference.accuracy
 
 
@@ -153,6 +164,28 @@ def threads_per_run(cfg: DictConfig) -> int | None:
 def load_dataset(root: str, download: bool) -> Cifar10:
     """CIFAR-10, verified and read once per process (a multirun reuses it)."""
     return load_cifar10(Path(root), download=download)
+
+
+@dataclass(frozen=True)
+class RunInputs:
+    """The datasets a run logs as inputs: an FP32 run is evaluated on the test set, a quantized run also
+    calibrated on the calibration sample."""
+
+    fp32: dict[str, NumpyDataset]
+    quantized: dict[str, NumpyDataset]
+
+
+@functools.cache
+def run_inputs(data: Cifar10, per_class: int, seed: int) -> RunInputs:
+    """The test set and the calibration sample as MLflow datasets (digests from their contents), once per
+    process and sample."""
+    source = str(data.root / (BINARY_DIR if data.layout == "binary" else PYTHON_DIR))
+    images, labels = test_set(data)
+    test = numpy_dataset("cifar10-test", images, labels, source, content_digest(images, labels))
+    images, labels = calibration_set(data, per_class, seed)
+    name = f"cifar10-train-calibration-{per_class}x10-seed{seed}"
+    calibration = numpy_dataset(name, images, labels, source, content_digest(images, labels))
+    return RunInputs({"evaluation": test}, {"evaluation": test, "calibration": calibration})
 
 
 @functools.cache

@@ -4,15 +4,19 @@ FP32 baseline run (the names are the contract the README lists and the report re
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+from mlflow.data.numpy_dataset import NumpyDataset
 from omegaconf import DictConfig
 
 from resnet8ptq.artifacts import config_file, evaluation_files, layer_error_files, ranges_file
-from resnet8ptq.backends.base import LayerError, QuantizedModel
+from resnet8ptq.backends.base import LayerError, MlflowFlavor, QuantizedModel
 from resnet8ptq.data import CLASS_NAMES
 from resnet8ptq.evaluate import Baseline, Evaluation, QuantizedResult
+from resnet8ptq.tracking.models import log_datasets, log_model
 from resnet8ptq.tracking.runs import child_run, find_sibling, log_artifacts, log_metrics, set_tags
 from resnet8ptq.tracking.sweep import sweep_lock
 
@@ -31,6 +35,21 @@ def evaluation_metrics(evaluation: Evaluation, model_path: Path) -> dict[str, fl
     }
 
 
+@dataclass(frozen=True)
+class ModelRecord:
+    """What logs a run's model as an MLflow Model and its datasets as run inputs."""
+
+    flavor: MlflowFlavor
+    input_example: np.ndarray
+    datasets: Mapping[str, NumpyDataset]  # context -> dataset
+
+    def log(self, run_id: str, name: str) -> None:
+        """Datasets as inputs, then the model named ``name`` (linked to the metrics logged before); tag
+        ``model_uri``."""
+        log_datasets(run_id, self.datasets)
+        set_tags(run_id, {"model_uri": log_model(run_id, name, self.flavor, self.input_example)})
+
+
 def log_baseline_once(
     experiment_id: str,
     backend_name: str,
@@ -38,6 +57,7 @@ def log_baseline_once(
     params: Mapping[str, Any],
     tags: Mapping[str, str],
     output_dir: Path,
+    model: ModelRecord,
 ) -> None:
     """Log the backend's FP32 model as a run of its own (tag quantized=false) beside the quantized runs, once
     per sweep and backend, also when parallel jobs of the sweep get here together."""
@@ -62,6 +82,7 @@ def log_baseline_once(
             log_metrics(run_id, {**metrics, "fp32_size_bytes": metrics["model_size_bytes"]})
             files = evaluation_files(baseline.evaluation, output_dir / "fp32", name)
             log_artifacts(run_id, [*files, ("model", baseline.model.path)])
+            model.log(run_id, name)
 
 
 def quantized_metrics(
@@ -104,8 +125,10 @@ def log_quantized(
     baseline: Baseline,
     layer_errors: list[LayerError],
     output_dir: Path,
+    model: ModelRecord,
 ) -> None:
-    """Everything a quantized run records: metrics, effective dtypes, execution, layer errors, artifacts."""
+    """Everything a quantized run records: metrics, effective dtypes, execution, layer errors, artifacts,
+    the MLflow Model and the datasets."""
     worst = min(layer_errors, key=lambda error: error.sqnr_db)
     log_metrics(run_id, quantized_metrics(quantized, result, baseline, layer_errors))
     set_tags(
@@ -129,3 +152,4 @@ def log_quantized(
             *config_file(cfg, output_dir),
         ],
     )
+    model.log(run_id, run_name)

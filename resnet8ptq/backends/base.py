@@ -11,7 +11,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar
+from types import ModuleType
+from typing import Any, ClassVar
 
 import numpy as np
 from omegaconf import MISSING
@@ -40,6 +41,16 @@ class QuantSpec:
     calib: CalibConfig
     per_channel: bool = False
     reduce_range: bool = False  # weights in 7 bits (ORT's reduce_range): no u8s8 saturation without VNNI
+
+
+@dataclass(frozen=True)
+class MlflowFlavor:
+    """How a saved model of this backend is logged as an MLflow Model: the flavor module (``mlflow.onnx``,
+    ``mlflow.pyfunc``, ...), the flavor's ``log_model`` arguments, and the pip requirements to load it."""
+
+    flavor: ModuleType
+    arguments: dict[str, Any]
+    requirements: list[str]
 
 
 @dataclass(frozen=True)
@@ -119,6 +130,11 @@ class Backend(ABC):
     @abstractmethod
     def layer_errors(self, fp32: Model, quantized: QuantizedModel, images: np.ndarray) -> list[LayerError]:
         """Per-layer SQNR (dB) of the quantized weights and activations against ``fp32``, on ``images``."""
+
+    @abstractmethod
+    def mlflow_flavor(self, path: Path) -> MlflowFlavor:
+        """How the model saved at ``path`` (FP32 or quantized) is logged as an MLflow Model, so that
+        ``mlflow.pyfunc.load_model(uri).predict(images)`` gives its probabilities."""
 
     @classmethod
     @abstractmethod

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
+from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
 from resnet8ptq.config import ReportConfig
@@ -31,6 +32,7 @@ from resnet8ptq.report.sections import (
     recommendation_section,
     tradeoff_section,
 )
+from resnet8ptq.tracking.runs import REUSED_TAG_PREFIX
 from resnet8ptq.tracking.search import search_all
 
 __all__ = ["ARTIFACT_DIR", "ReportError", "write_experiment_report", "write_report"]
@@ -103,7 +105,8 @@ def write_report(
     client = MlflowClient(tracking_uri)
     parent = client.get_run(parent_run_id)
     children = search_all(client, [parent.info.experiment_id], {"tags.mlflow.parentRunId": parent_run_id})
-    frame = runs_frame(children)
+    reused = reused_runs(client, parent, children)
+    frame = runs_frame([*children, *reused])
     tags = parent.data.tags
     default_dir = (
         Path(tags["sweep_dir"]) if tags.get("sweep_dir") else Path("runs") / f"report-{parent_run_id}"
@@ -114,6 +117,9 @@ def write_report(
         f"sweep dir: {tags.get('sweep_dir', '?')}",
         f"accuracy-drop limit: {max_drop_points:g} points",
     ]
+    if reused:
+        count = sum(run.data.tags.get("quantized") == "true" for run in reused)
+        context.append(f"reused from earlier sweeps: {count} configurations that had already FINISHED")
     report = Report(
         title=f"Quantization report: {parent.info.run_name}",
         context=_context(len(frame), 0, context),
@@ -123,6 +129,26 @@ def write_report(
         out_dir=Path(out_dir or default_dir),
     )
     return _finish(report, client, parent_run_id)
+
+
+def reused_runs(client: MlflowClient, parent: Run, children: list[Run]) -> list[Run]:
+    """The earlier runs a resumed sweep reused (tags `reused.*`), with the FP32 baselines of their sweeps
+    for the backends this sweep has no baseline of."""
+    ids = [value for key, value in parent.data.tags.items() if key.startswith(REUSED_TAG_PREFIX)]
+    reused = [client.get_run(run_id) for run_id in ids]
+    have = {run.data.tags.get("backend") for run in children if run.data.tags.get("quantized") == "false"}
+    for backend, run in {r.data.tags.get("backend"): r for r in reused}.items():
+        if backend in have:
+            continue
+        conditions = {
+            "tags.mlflow.parentRunId": run.data.tags.get("mlflow.parentRunId", ""),
+            "tags.quantized": "false",
+            "tags.backend": backend or "",
+            "attributes.status": "FINISHED",
+        }
+        reused += search_all(client, [run.info.experiment_id], conditions)[:1]
+        have.add(backend)
+    return reused
 
 
 def write_experiment_report(

@@ -21,6 +21,11 @@ from resnet8ptq.tracking.sweep import current_sweep_run
 
 log = logging.getLogger(__name__)
 
+SOURCE_TAGS = {"mlflow.source.name": "run.py", "mlflow.source.type": "LOCAL"}
+"""What MLflow's runs table shows as a run's Source."""
+REUSED_TAG_PREFIX = "reused."
+"""Sweep-run tag prefix: `reused.<config_hash>` = the id of the earlier FINISHED run a sweep reused."""
+
 
 def process_tags() -> dict[str, str]:
     """`host` and `pid` of this process: what tells a killed run (process gone) from a running one."""
@@ -37,7 +42,9 @@ def child_run(
     artifact `error.txt`: never left RUNNING by an exception.
     """
     client = MlflowClient()
-    all_tags = {"mlflow.runName": run_name, **tags, **process_tags()}
+    all_tags = {"mlflow.runName": run_name, **SOURCE_TAGS, **tags, **process_tags()}
+    if "git_commit" in tags:
+        all_tags["mlflow.source.git.commit"] = tags["git_commit"].removesuffix("-dirty")
     if parent := current_sweep_run():
         all_tags["mlflow.parentRunId"] = parent
     run_id = client.create_run(experiment_id, run_name=run_name, tags=all_tags).info.run_id
@@ -88,8 +95,9 @@ def find_sibling(experiment_id: str, **tags: str) -> str | None:
 
 def skip_finished(experiment_id: str, run_name: str, config_hash: str) -> float | None:
     """If a quantized run with this config_hash already FINISHED in the experiment (any sweep): log that
-    this configuration is skipped, note it on the sweep run (tag `skipped.<config_hash>`) and return
-    that run's accuracy. None when there is no such run."""
+    this configuration is skipped, note it on the sweep run (tag `skipped.<config_hash>`, and
+    `reused.<config_hash>` = that run's id, which the sweep's report includes) and return that run's
+    accuracy. None when there is no such run."""
     conditions = {"tags.config_hash": config_hash, "tags.quantized": "true", "attributes.status": "FINISHED"}
     runs = MlflowClient().search_runs(
         [experiment_id],
@@ -105,4 +113,5 @@ def skip_finished(experiment_id: str, run_name: str, config_hash: str) -> float 
     log.info("Skipping %s: %s; rerun=true runs it again", run_name, note)
     if parent := current_sweep_run():
         MlflowClient().set_tag(parent, f"skipped.{config_hash}", f"{run_name}: {note}"[:5000])
+        MlflowClient().set_tag(parent, f"{REUSED_TAG_PREFIX}{config_hash}", previous.info.run_id)
     return accuracy

@@ -18,8 +18,15 @@ class TrackingError(RuntimeError):
     """The MLflow tracking server or store cannot be used."""
 
 
+# The MLflow UI opens an experiment in the view its kind selects; without the tag, MLflow 3.17 infers GenAI
+# and opens the traces overview. Model development is the model-training view with the runs table.
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+EXPERIMENT_KIND = "custom_model_development"
+
+
 def configure(mlflow_cfg: DictConfig) -> str:
-    """Point MLflow at the configured store, check it answers, and return the experiment id."""
+    """Point MLflow at the configured store, check it answers, and return the experiment id (an experiment
+    without a kind gets the model-development kind, so the UI opens it on its runs)."""
     if mlflow_cfg.tracking_uri:
         mlflow.set_tracking_uri(mlflow_cfg.tracking_uri)
     uri = mlflow.get_tracking_uri()
@@ -34,9 +41,23 @@ def configure(mlflow_cfg: DictConfig) -> str:
             ) from err
     try:
         with store_lock(uri):
-            return mlflow.set_experiment(mlflow_cfg.experiment).experiment_id
+            experiment = mlflow.set_experiment(mlflow_cfg.experiment)
+            if EXPERIMENT_KIND_TAG not in experiment.tags:
+                mlflow.MlflowClient().set_experiment_tag(
+                    experiment.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND
+                )
+            return experiment.experiment_id
     except Exception as err:  # MLflow raises several types for unusable stores
         raise TrackingError(f"Cannot use MLflow tracking store {uri}: {err}") from err
+
+
+def runs_page(experiment_id: str, uri: str | None = None) -> str:
+    """Where the MLflow UI shows the experiment's runs table: MLflow 3.17 opens an experiment in its GenAI
+    view unless the UI's workflow switch says "Model training", which ``workflowType=machine_learning`` sets
+    (the browser then remembers it). A local store: the address `mlflow ui` serves by default."""
+    uri = uri or mlflow.get_tracking_uri()
+    base = uri.rstrip("/") if uri.startswith(("http://", "https://")) else "http://127.0.0.1:5000"
+    return f"{base}/#/experiments/{experiment_id}/runs?workflowType=machine_learning"
 
 
 def store_lock(uri: str) -> contextlib.AbstractContextManager:

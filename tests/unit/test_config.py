@@ -91,6 +91,8 @@ def test_wrong_types_are_rejected(override: str, expected: str) -> None:
         ("calib.percentile=101", "percentile"),
         ("dtype.activation=int4", "dtype.activation"),
         ("native_tolerance_points=-0.1", "native_tolerance_points"),
+        ("threads=-3", "threads=-3"),
+        ("threads=0", "threads=0"),
     ],
 )
 def test_bad_values_are_rejected(override: str, message: str) -> None:

@@ -30,6 +30,7 @@ from onnxruntime.quantization.registry import QDQRegistry, QLinearOpsRegistry
 from resnet8ptq.backends.base import (
     Backend,
     LayerError,
+    MlflowFlavor,
     Model,
     QuantizedModel,
     QuantSpec,
@@ -211,6 +212,18 @@ class OnnxRuntimeBackend(Backend):
     def layer_errors(self, fp32: Model, quantized: QuantizedModel, images: np.ndarray) -> list[LayerError]:
         """SQNR with ORT's ``qdq_loss_debug`` (:func:`.layer_errors.measure`)."""
         return layer_errors.measure(fp32.onnx_path, quantized.path, images)
+
+    def mlflow_flavor(self, path: Path) -> MlflowFlavor:
+        """The ``mlflow.onnx`` flavor; its pyfunc runs ONNX Runtime's CPU provider with all graph
+        optimisations, that is the runtime form (fused integer kernels where ORT has them)."""
+        import mlflow.onnx
+
+        versions = self.versions()
+        return MlflowFlavor(
+            mlflow.onnx,
+            {"onnx_model": onnx.load(path), "onnx_execution_providers": ["CPUExecutionProvider"]},
+            [f"{name}=={versions[name]}" for name in ("onnxruntime", "onnx")],
+        )
 
     @classmethod
     def versions(cls) -> dict[str, str]:

@@ -20,7 +20,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from resnet8ptq.backends.base import Backend, LayerError, Model, Predictor, QuantizedModel, QuantSpec, Runtime
+from resnet8ptq.backends.base import (
+    Backend,
+    LayerError,
+    MlflowFlavor,
+    Model,
+    Predictor,
+    QuantizedModel,
+    QuantSpec,
+    Runtime,
+)
 from resnet8ptq.backends.torch import layer_errors
 from resnet8ptq.backends.torch.convert import (
     example_input,
@@ -147,6 +156,20 @@ class TorchBackend(Backend):
         """SQNR of the saved quantized program (its q/dq form, also for native runs) against the saved FP32
         program (:func:`.layer_errors.measure`)."""
         return layer_errors.measure(fp32.path, quantized.path, fp32.onnx_path, images)
+
+    def mlflow_flavor(self, path: Path) -> MlflowFlavor:
+        """A pyfunc logged as code (``pyfunc_model.py``) around the ``.pt2``; it needs torch and torchao."""
+        import mlflow.pyfunc
+
+        versions = self.versions()
+        return MlflowFlavor(
+            mlflow.pyfunc,
+            {
+                "python_model": str(Path(__file__).with_name("pyfunc_model.py")),
+                "artifacts": {"program": str(path)},
+            },
+            [f"{name}=={versions[name]}" for name in ("torch", "torchao")] + [f"numpy=={np.__version__}"],
+        )
 
     @classmethod
     def versions(cls) -> dict[str, str]:

@@ -1,0 +1,65 @@
+"""Models and datasets of a run as MLflow entities: each model logged as an MLflow Model (a LoggedModel linked
+to the run and its metrics), the test set and the calibration sample as run inputs."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+
+import mlflow
+import numpy as np
+from mlflow.data.numpy_dataset import NumpyDataset
+from mlflow.entities import Dataset, DatasetInput, InputTag
+from mlflow.models import Model, ModelSignature
+from mlflow.tracking import MlflowClient
+from mlflow.types import Schema, TensorSpec
+
+from resnet8ptq.backends.base import MlflowFlavor
+
+SIGNATURE = ModelSignature(
+    inputs=Schema([TensorSpec(np.dtype(np.float32), (-1, 32, 32, 3))]),
+    outputs=Schema([TensorSpec(np.dtype(np.float32), (-1, 10))]),
+)
+"""NHWC float32 raw 0-255 pixels in, class probabilities out. Unnamed tensors: pyfunc passes the array."""
+
+
+def log_model(run_id: str, name: str, how: MlflowFlavor, input_example: np.ndarray) -> str:
+    """Log a saved model as an MLflow Model of the run named ``name``; return its ``models:/<id>`` URI.
+
+    The run's metrics logged so far are linked to the model (MLflow copies them), so log metrics first.
+    """
+    info = Model.log(
+        artifact_path=None,
+        name=name,
+        flavor=how.flavor,
+        run_id=run_id,
+        signature=SIGNATURE,
+        input_example=input_example,
+        pip_requirements=how.requirements,
+        **how.arguments,
+    )
+    return info.model_uri
+
+
+def content_digest(*arrays: np.ndarray) -> str:
+    """A short hash of the arrays' contents: the same data gives the same digest on every machine."""
+    digest = hashlib.sha256()
+    for array in arrays:
+        digest.update(np.ascontiguousarray(array).tobytes())
+    return digest.hexdigest()[:16]
+
+
+def numpy_dataset(
+    name: str, images: np.ndarray, labels: np.ndarray, source: str, digest: str
+) -> NumpyDataset:
+    """A dataset entity for images and labels (``digest``: a content hash the caller computed)."""
+    return mlflow.data.from_numpy(images, targets=labels, source=source, name=name, digest=digest)
+
+
+def log_datasets(run_id: str, datasets: Mapping[str, NumpyDataset]) -> None:
+    """Log datasets as inputs of the run, each under its context (``evaluation``, ``calibration``)."""
+    inputs = [
+        DatasetInput(Dataset(**dataset.to_dict()), tags=[InputTag("mlflow.data.context", context)])
+        for context, dataset in datasets.items()
+    ]
+    MlflowClient().log_inputs(run_id, datasets=inputs)

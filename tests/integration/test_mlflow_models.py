@@ -1,0 +1,189 @@
+"""MLflow the way its users expect it, after a real sweep of both backends run twice: every run's model logged
+as an MLflow Model that predicts what the run measured (and serves over HTTP), the datasets as run inputs, the
+parent run named after its overrides, a resumed sweep that still reports everything, the recommended model in
+the Model Registry."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import mlflow
+import numpy as np
+import pytest
+from mlflow.entities import Run
+from mlflow.tracking import MlflowClient
+
+from resnet8ptq.data import Cifar10, to_model_input
+from resnet8ptq.tracking.store import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG
+from tests.integration.servers import free_port, stop, wait_until
+
+SWEEP = ("-m", "backend=onnx,torch", "dtype=u8s8")
+REGISTERED = "resnet8-best"
+
+
+@dataclass
+class Sweeps:
+    workdir: Path
+    client: MlflowClient
+    first: Run  # the sweep that ran both configurations
+    second: Run  # the same command again: both configurations reused
+    children: list[Run]  # the first sweep's runs
+    first_log: str
+
+
+@pytest.fixture(scope="module")
+def sweeps(run_cli, tmp_path_factory: pytest.TempPathFactory) -> Sweeps:
+    workdir = tmp_path_factory.mktemp("models")
+    first = run_cli(workdir, *SWEEP, f"mlflow.register_as={REGISTERED}")
+    assert first.returncode == 0, first.stderr[-3000:]
+    second = run_cli(workdir, *SWEEP)
+    assert second.returncode == 0, second.stderr[-3000:]
+    client = MlflowClient(f"sqlite:///{workdir / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("resnet8ptq")
+    parents = client.search_runs(
+        [experiment.experiment_id], "tags.sweep = 'true'", order_by=["attributes.start_time ASC"]
+    )
+    assert len(parents) == 2
+    children = client.search_runs(
+        [experiment.experiment_id], f"tags.mlflow.parentRunId = '{parents[0].info.run_id}'"
+    )
+    return Sweeps(workdir, client, *parents, children, first.stdout + first.stderr)
+
+
+@pytest.fixture(scope="module")
+def test_images(cifar: Cifar10) -> tuple[np.ndarray, np.ndarray]:
+    return to_model_input(cifar.test_images), np.asarray(cifar.test_labels)
+
+
+def probabilities(output: object) -> np.ndarray:
+    """A pyfunc's output as an array: mlflow.onnx returns {output name: array}, the .pt2 pyfunc an array."""
+    if isinstance(output, dict):
+        (output,) = output.values()
+    return np.asarray(output)
+
+
+def test_parent_runs_are_named_from_their_overrides(sweeps: Sweeps) -> None:
+    for parent in (sweeps.first, sweeps.second):
+        name, _, clock = parent.info.run_name.rpartition(" @ ")
+        assert name.startswith("backend=onnx,torch dtype=u8s8"), parent.info.run_name
+        assert len(clock) == 5 and clock[2] == ":", parent.info.run_name
+
+
+def test_experiment_opens_on_its_runs(sweeps: Sweeps) -> None:
+    experiment = sweeps.client.get_experiment(sweeps.first.info.experiment_id)
+    assert experiment.tags[EXPERIMENT_KIND_TAG] == EXPERIMENT_KIND
+    link = f"#/experiments/{experiment.experiment_id}/runs?workflowType=machine_learning"
+    assert link in sweeps.first_log, "the sweep prints where the UI shows its runs"
+
+
+def test_every_run_logs_a_model_that_predicts_what_the_run_measured(sweeps: Sweeps, test_images) -> None:
+    """ONNX models load as mlflow.onnx pyfuncs, which run ORT with all optimisations: the runtime form, so
+    they reproduce `accuracy_native` where integer kernels ran. The .pt2 pyfunc runs the program eagerly:
+    the reference semantics, `accuracy`. The model carries the run's metrics and links back to it."""
+    images, labels = test_images
+    mlflow.set_tracking_uri(f"sqlite:///{sweeps.workdir / 'mlflow.db'}")
+    assert len(sweeps.children) == 4
+    for run in sweeps.children:
+        metrics, uri = run.data.metrics, run.data.tags["model_uri"]
+        model = mlflow.pyfunc.load_model(uri)
+        accuracy = float(np.mean(probabilities(model.predict(images)).argmax(axis=1) == labels))
+        runtime = run.data.tags["backend"] == "onnx" and "accuracy_native" in metrics
+        expected = metrics["accuracy_native"] if runtime else metrics["accuracy"]
+        assert accuracy == expected, (run.info.run_name, accuracy, expected)
+        logged = sweeps.client.get_logged_model(uri.removeprefix("models:/"))
+        assert logged.source_run_id == run.info.run_id and logged.name == run.info.run_name
+        assert {m.key: m.value for m in logged.metrics}["accuracy"] == metrics["accuracy"]
+        assert model.metadata.get_input_schema().inputs[0].shape == (-1, 32, 32, 3)
+
+
+def test_onnx_model_serves_over_http(sweeps: Sweeps, test_images, tmp_path: Path) -> None:
+    run = next(
+        r for r in sweeps.children if r.data.tags["backend"] == "onnx" and r.data.tags["quantized"] == "true"
+    )
+    uri, port, log = run.data.tags["model_uri"], free_port(), tmp_path / "serve.log"
+    env = {
+        **os.environ,
+        "MLFLOW_TRACKING_URI": f"sqlite:///{sweeps.workdir / 'mlflow.db'}",
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",  # it runs uvicorn
+    }
+    command = [sys.executable, "-m", "mlflow", "models", "serve", "-m", uri, "--env-manager", "local"]
+    with log.open("w") as out:
+        server = subprocess.Popen(
+            [*command, "-h", "127.0.0.1", "-p", str(port)],
+            cwd=sweeps.workdir,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    url = f"http://127.0.0.1:{port}"
+
+    def ready() -> bool:
+        try:
+            with urllib.request.urlopen(f"{url}/ping", timeout=2) as response:
+                return response.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+    try:
+        wait_until(ready, 120, f"mlflow models serve on {url}", log, server)
+        images = test_images[0][:8]
+        request = urllib.request.Request(
+            f"{url}/invocations",
+            data=json.dumps({"inputs": images.tolist()}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=60) as response:
+            served = probabilities(json.loads(response.read())["predictions"])
+    finally:
+        stop(server)
+    mlflow.set_tracking_uri(env["MLFLOW_TRACKING_URI"])
+    local = probabilities(mlflow.pyfunc.load_model(uri).predict(images))
+    np.testing.assert_allclose(served, local, rtol=1e-5, atol=1e-6)
+
+
+def test_datasets_are_run_inputs(sweeps: Sweeps) -> None:
+    for run in sweeps.children:
+        inputs = {
+            next(t.value for t in d.tags if t.key == "mlflow.data.context"): d.dataset
+            for d in run.inputs.dataset_inputs
+        }
+        expected = {"evaluation", "calibration"} if run.data.tags["quantized"] == "true" else {"evaluation"}
+        assert set(inputs) == expected, run.info.run_name
+        assert inputs["evaluation"].name == "cifar10-test"
+        if "calibration" in inputs:
+            assert inputs["calibration"].name == "cifar10-train-calibration-100x10-seed42"
+            assert inputs["calibration"].digest != inputs["evaluation"].digest
+    digests = {d.dataset.digest for r in sweeps.children for d in r.inputs.dataset_inputs}
+    assert len(digests) == 2, "the same data has the same digest in every run"
+
+
+def test_resumed_sweep_reports_everything_it_covers(sweeps: Sweeps) -> None:
+    second = sweeps.second
+    assert second.info.status == "FINISHED"
+    experiment_id = second.info.experiment_id
+    assert not sweeps.client.search_runs([experiment_id], f"tags.mlflow.parentRunId = '{second.info.run_id}'")
+    reused = {v for k, v in second.data.tags.items() if k.startswith("reused.")}
+    quantized = {r.info.run_id for r in sweeps.children if r.data.tags["quantized"] == "true"}
+    assert reused == quantized
+    report = (Path(second.data.tags["sweep_dir"]) / "report.md").read_text()
+    assert "Nothing to report" not in report
+    assert "reused from earlier sweeps: 2 configurations that had already FINISHED" in report
+    for label in ("onnx fp32", "onnx u8s8 minmax", "torch fp32", "torch u8s8 minmax"):
+        assert f"| {label} |" in report, label
+
+
+def test_most_accurate_model_is_registered(sweeps: Sweeps) -> None:
+    (version,) = sweeps.client.search_model_versions(f"name = '{REGISTERED}'")
+    quantized = [r for r in sweeps.children if r.data.tags["quantized"] == "true"]
+    best = max(quantized, key=lambda r: r.data.metrics["accuracy"])
+    assert version.tags["source_run"] == best.info.run_id
+    assert version.source == best.data.tags["model_uri"]
+    assert sweeps.first.data.tags["registered_model"].startswith(f"{REGISTERED} version 1")
