@@ -21,21 +21,16 @@ from typing import Any
 
 import aiohttp
 import pytest
-from mlflow.entities import Metric, RunTag
+from mlflow.entities import Run, RunTag
 from mlflow.tracking import MlflowClient
 
+from resnet8ptq.tracking.store import runs_page
 from tests.integration.servers import mlflow_server, stop
 
 CHROMIUM = "/usr/bin/chromium"
 VIEWPORT = (1920, 1000)
-# run name -> (status, accuracy, model size in bytes); None = a failed run without metrics
-CHILDREN: dict[str, tuple[str, float | None, int | None]] = {
-    "onnx-fp32": ("FINISHED", 0.8719, 320784),
-    "onnx-int8-int8-minmax-pt": ("FINISHED", 0.8654, 110635),
-    "onnx-uint8-uint8-minmax-pt": ("FINISHED", 0.8673, 110534),
-    "onnx-uint8-int8-entropy-pt": ("FAILED", None, None),
-}
-PARENT = "sweep ui-check"
+SWEEP = ("-m", "backend=onnx", "dtype=int8,uint8", "report.enabled=false")
+FAILED = "onnx-uint8-int8-entropy-pt"  # added by hand: a failed run as the pipeline leaves one
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -163,38 +158,28 @@ class Store:
     uri: str
     experiment_id: str
     parent: str
-    children: dict[str, str]  # run name -> run id
-
-
-def build_store(root: Path) -> Store:
-    """A sweep parent with an FP32 baseline, two quantized runs and a failed one, as the pipeline logs."""
-    uri = f"sqlite:///{root / 'mlflow.db'}"
-    client = MlflowClient(uri)
-    experiment_id = client.create_experiment("resnet8ptq", artifact_location=(root / "mlruns").as_uri())
-    parent_tags = {"sweep": "true", "sweep_kind": "sweep", "sweep_dir": str(root / "runs"), "overrides": "ui"}
-    parent = client.create_run(experiment_id, run_name=PARENT, tags=parent_tags).info.run_id
-    children = {}
-    for name, (status, accuracy, size) in CHILDREN.items():
-        tags = {
-            "mlflow.parentRunId": parent,
-            "backend": "onnx",
-            "quantized": str(name != "onnx-fp32").lower(),
-        }
-        run_id = client.create_run(experiment_id, run_name=name, tags=tags).info.run_id
-        if accuracy is None:
-            client.log_batch(run_id, tags=[RunTag("error", "RuntimeError: calibration diverged")])
-        else:
-            metrics = {"accuracy": accuracy, "model_size_bytes": size}
-            client.log_batch(run_id, metrics=[Metric(k, v, 0, 0) for k, v in metrics.items()])
-        client.set_terminated(run_id, status)
-        children[name] = run_id
-    client.set_terminated(parent, "FAILED")
-    return Store(uri, experiment_id, parent, children)
+    parent_name: str
+    children: dict[str, Run]  # run name -> run
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory: pytest.TempPathFactory) -> Store:
-    return build_store(tmp_path_factory.mktemp("ui-store"))
+def store(run_cli, tmp_path_factory: pytest.TempPathFactory) -> Store:
+    """What a user has after `python run.py -m backend=onnx dtype=int8,uint8`, plus a failed run."""
+    workdir = tmp_path_factory.mktemp("ui-store")
+    result = run_cli(workdir, *SWEEP)
+    assert result.returncode == 0, result.stderr[-3000:]
+    uri = f"sqlite:///{workdir / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    experiment_id = client.get_experiment_by_name("resnet8ptq").experiment_id
+    (parent,) = client.search_runs([experiment_id], "tags.sweep = 'true'")
+    tags = {"mlflow.parentRunId": parent.info.run_id, "backend": "onnx", "quantized": "true"}
+    failed = client.create_run(experiment_id, run_name=FAILED, tags=tags).info.run_id
+    client.log_batch(failed, tags=[RunTag("error", "RuntimeError: calibration diverged")])
+    client.set_terminated(failed, "FAILED")
+    children = client.search_runs([experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+    return Store(
+        uri, experiment_id, parent.info.run_id, parent.info.run_name, {r.info.run_name: r for r in children}
+    )
 
 
 @pytest.fixture(scope="module")
@@ -220,25 +205,27 @@ def _row(run_id: str) -> str:
     return f"document.querySelector('[role=row][row-id=\"{run_id}\"]')"
 
 
-def test_runs_table_groups_the_sweep_and_shows_metrics(
+def test_runs_table_groups_the_sweep_and_shows_datasets_models_and_metrics(
     store: Store, server: str, browser: Browser, screenshots: Path
 ) -> None:
-    browser.open(f"{server}/#/experiments/{store.experiment_id}/runs")
-    browser.wait_for(f"document.body.innerText.includes({PARENT!r})", what="the sweep's parent run")
-    browser.js(
-        "document.querySelectorAll('button[aria-label=Close]').forEach(b => b.click())"
-    )  # assistant panel
-    count = f"{len(CHILDREN) + 1} matching runs"
+    """The link the sweep prints opens the runs table (Model training view), the parent row named after the
+    sweep's overrides; expanded, each child shows its datasets, its model and its metrics."""
+    browser.open(runs_page(store.experiment_id, server))
+    browser.wait_for(
+        f"document.body.innerText.includes({store.parent_name!r})", what="the sweep's parent run"
+    )
+    browser.js("document.querySelectorAll('button[aria-label=Close]').forEach(b => b.click())")  # assistant
+    assert store.parent_name.startswith(" ".join(SWEEP[1:]) + " @ ")
+    count = f"{len(store.children) + 1} matching runs"
     browser.wait_for(f"document.body.innerText.includes({count!r})", what=count)
     collapsed = browser.js(
         "[...document.querySelectorAll('[role=row][row-id]')].map(r => r.getAttribute('row-id'))"
     )
     assert set(collapsed) == {store.parent}, "children start folded under their parent"
 
-    browser.js(f"{_row(store.parent)}.querySelector('[col-id*=\"Run Name\"] button').click()")  # the expander
-    names = list(CHILDREN)
+    browser.js(f"{_row(store.parent)}.querySelector('[col-id*=\"Run Name\"] button').click()")  # expander
     browser.wait_for(
-        " && ".join(f"document.body.innerText.includes({n!r})" for n in names), what="child runs"
+        " && ".join(f"!!{_row(run.info.run_id)}" for run in store.children.values()), what="child runs"
     )
     # Nested: each child's name sits further right than the parent's.
     name_x = (
@@ -246,8 +233,19 @@ def test_runs_table_groups_the_sweep_and_shows_metrics(
         ".getBoundingClientRect().left"
     )
     parent_x = browser.js(f"({name_x})({json.dumps(store.parent)})")
-    for name, run_id in store.children.items():
-        assert browser.js(f"({name_x})({json.dumps(run_id)})") > parent_x + 10, f"{name} is not indented"
+    column = "(id, c) => document.querySelector(`[role=row][row-id='${id}'] [col-id='${c}']`)?.innerText"
+    for name, run in store.children.items():
+        run_id = json.dumps(run.info.run_id)
+        assert browser.js(f"({name_x})({run_id})") > parent_x + 10, f"{name} is not indented"
+        datasets = browser.js(f"({column})({run_id}, 'attributes.`Dataset`')")
+        models = browser.js(f"({column})({run_id}, 'attributes.`Models`')")
+        if name == FAILED:
+            assert (datasets, models) == ("-", "-")
+            continue
+        assert "cifar10-test" in datasets and "Evaluation" in datasets, (name, datasets)
+        assert models == name, "the model is named after its run"
+        if run.data.tags["quantized"] == "true":
+            assert "+1" in datasets, "the calibration sample is the run's second dataset"
 
     # Show the accuracy and size metric columns (Columns menu), then read the cells.
     browser.js("document.querySelector('[data-testid=column-selection-dropdown]').click()")
@@ -266,12 +264,13 @@ def test_runs_table_groups_the_sweep_and_shows_metrics(
         "(id, m) => document.querySelector(`[role=row][row-id='${id}'] [col-id='metrics.\\`${m}\\`']`)"
         "?.innerText"
     )
-    for name, (_, accuracy, size) in CHILDREN.items():
-        run_id = json.dumps(store.children[name])
-        expected = "-" if accuracy is None else str(accuracy)
-        got = browser.wait_for(f"({cell})({run_id}, 'accuracy')", what=f"accuracy of {name}")
-        assert got == expected, name
-        assert browser.js(f"({cell})({run_id}, 'model_size_bytes')") == ("-" if size is None else str(size))
+    for name, run in store.children.items():
+        run_id = json.dumps(run.info.run_id)
+        for metric in ("accuracy", "model_size_bytes"):
+            value = run.data.metrics.get(metric)
+            got = browser.wait_for(f"({cell})({run_id}, {metric!r})", what=f"{metric} of {name}")
+            expected = "-" if value is None else f"{value:g}" if metric == "accuracy" else str(int(value))
+            assert got == expected, (name, metric, got, expected)
     time.sleep(0.5)
     path = browser.screenshot(screenshots / "mlflow_runs_table.png")
     print(f"screenshot: {path}")
@@ -280,19 +279,22 @@ def test_runs_table_groups_the_sweep_and_shows_metrics(
 def test_child_run_page_links_its_parent_and_lists_metrics(
     store: Store, server: str, browser: Browser, screenshots: Path
 ) -> None:
-    run_id = store.children["onnx-int8-int8-minmax-pt"]
+    run = store.children["onnx-int8-int8-minmax-pt"]
+    run_id = run.info.run_id
+    accuracy = f"{run.data.metrics['accuracy']:g}"
     browser.open(f"{server}/#/experiments/{store.experiment_id}/runs/{run_id}")
-    browser.wait_for("document.body.innerText.includes('0.8654')", what="the run's accuracy")
+    browser.wait_for(f"document.body.innerText.includes({accuracy!r})", what="the run's accuracy")
     text = browser.text()
-    assert "onnx-int8-int8-minmax-pt" in text and "accuracy" in text and "110635" in text
+    size = str(int(run.data.metrics["model_size_bytes"]))
+    assert "onnx-int8-int8-minmax-pt" in text and "accuracy" in text and size in text
     link = browser.wait_for(f"document.querySelector('a[href$=\"/runs/{store.parent}\"]')?.innerText")
-    assert link == PARENT, "the child links to its sweep as parent run"
+    assert link == store.parent_name, "the child links to its sweep as parent run"
     assert "Parent run" in text
     print(f"screenshot: {browser.screenshot(screenshots / 'mlflow_child_run.png')}")
 
 
 def test_failed_run_shows_failed(store: Store, server: str, browser: Browser) -> None:
-    run_id = store.children["onnx-uint8-int8-entropy-pt"]
+    run_id = store.children[FAILED].info.run_id
     browser.open(f"{server}/#/experiments/{store.experiment_id}/runs/{run_id}")
     browser.wait_for("document.body.innerText.includes('calibration diverged')", what="the error tag")
     assert "Failed" in browser.text()
