@@ -42,7 +42,7 @@ report: $(PROJECT)  ## comparison report of the newest sweep (Markdown + HTML un
 	$(BIN)/python -m resnet8ptq.report
 
 bench: $(PROJECT)  ## benchmark figures (prints them)
-	$(BIN)/python bench/sweep_overhead.py
+	$(BIN)/python bench/overhead.py
 	$(BIN)/python bench/sweeps.py
 
 ui: $(PROJECT)  ## MLflow UI for the runs tracked in this directory (mlflow.db + mlruns/)

@@ -9,9 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 from tqdm import tqdm
 
-from resnet8ptq import hardware
-from resnet8ptq.backends.base import Model, Predictor, QuantizedModel
-from resnet8ptq.execution import Verdict, judge
+from resnet8ptq.backends.base import Model, Predictor
 
 EVAL_BATCH = 500
 LATENCY_RUNS = 100
@@ -97,32 +95,3 @@ def evaluate_baseline(model: Model, images: np.ndarray, labels: np.ndarray, name
     """The FP32 model's accuracy, throughput and latency on the test set."""
     evaluation = evaluate(model.predict, images, labels, desc=f"Evaluating {name}")
     return Baseline(model, evaluation, measure_latency(model.predict, images))
-
-
-@dataclass(frozen=True)
-class QuantizedResult:
-    """How a quantized model did: its reference semantics, its runtime form on this CPU, and the verdict."""
-
-    reference: Evaluation
-    runtime: Evaluation  # the same object as ``reference`` when the runtime runs the reference program
-    verdict: Verdict
-    latency_ms_b1: float  # of the runtime form
-
-
-def evaluate_quantized(
-    quantized: QuantizedModel, images: np.ndarray, labels: np.ndarray, name: str, tolerance_points: float
-) -> QuantizedResult:
-    """Evaluate the reference form and, when it is a different program, the runtime form; judge the runtime
-    (:func:`resnet8ptq.execution.judge`). Throughput and latency are the runtime form's."""
-    runtime = quantized.runtime
-    reference = evaluate(quantized.reference, images, labels, desc=f"Evaluating {name} (reference)")
-    measured = (
-        reference
-        if runtime.predict is quantized.reference
-        else evaluate(runtime.predict, images, labels, desc=f"Evaluating {name} (runtime)")
-    )
-    dtypes = (quantized.activation_dtype, quantized.weight_dtype)
-    verdict = judge(
-        reference.accuracy, measured.accuracy, runtime, tolerance_points, hardware.detect(), dtypes
-    )
-    return QuantizedResult(reference, measured, verdict, measure_latency(runtime.predict, images))

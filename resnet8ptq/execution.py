@@ -6,14 +6,21 @@ runtime runs integer kernels, its accuracy on the test set is compared with the 
 
 - ``native``: integer kernels ran and matched the reference within the tolerance;
 - ``native-mismatch``: integer kernels ran and did not (the gap and its likely cause are recorded);
-- ``simulated``: no integer kernels ran; the runtime computes the quantize/dequantize arithmetic in float.
+- ``simulated``: no integer kernels ran; the runtime computes the quantize/dequantize arithmetic in float
+  (a compiled program is used, for speed, only if it gives the reference's predictions on every test image).
+
+Throughput and latency are the runtime form's, unless a simulated runtime failed that check.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from resnet8ptq.backends.base import Runtime
+import numpy as np
+
+from resnet8ptq import hardware
+from resnet8ptq.backends.base import QuantizedModel, Runtime
+from resnet8ptq.evaluate import Evaluation, evaluate, measure_latency
 from resnet8ptq.hardware import Hardware
 
 NATIVE = "native"
@@ -28,6 +35,7 @@ class Verdict:
     execution: str
     reason: str
     gap_points: float | None = None
+    runtime_used: bool = True  # False: a simulated runtime disagreed with the reference and was not used
 
 
 def judge(
@@ -37,13 +45,24 @@ def judge(
     tolerance_points: float,
     hardware: Hardware,
     dtypes: tuple[str, str],
+    agreement: float | None = None,
 ) -> Verdict:
     """The verdict for a quantized model whose reference and runtime forms ran on the same test images.
 
-    ``dtypes``: (activation, weight) types, used to explain a mismatch.
+    ``dtypes``: (activation, weight) types, used to explain a mismatch. ``agreement``: for a simulated
+    runtime that is another program than the reference (e.g. compiled), the fraction of test images on which
+    both predict the same class; None when the runtime is the reference program itself.
     """
     if not runtime.integer_kernels:
-        return Verdict(SIMULATED, runtime.kernels)
+        if agreement is None:
+            return Verdict(SIMULATED, runtime.kernels)
+        if agreement == 1.0:
+            return Verdict(SIMULATED, f"{runtime.kernels}; the reference's predictions on every test image")
+        reason = (
+            f"{runtime.kernels} predicted differently from the reference on {100 * (1 - agreement):.2f}% of "
+            f"the test images, so it was not used: the reference program ran"
+        )
+        return Verdict(SIMULATED, reason, runtime_used=False)
     gap = round(100.0 * (runtime_accuracy - reference_accuracy), 6)  # exact for counts out of <= 10^6 images
     measured = (
         f"native {runtime_accuracy:.4f} vs reference {reference_accuracy:.4f} "
@@ -65,3 +84,39 @@ def mismatch_cause(int8_dot_product: bool, dtypes: tuple[str, str]) -> str:
             "remedy: reduce_range=true (7-bit weights), or dtype=uint8"
         )
     return "the integer kernels round or saturate differently from the reference semantics on this CPU"
+
+
+@dataclass(frozen=True)
+class QuantizedResult:
+    """How a quantized model did: its reference semantics, its runtime form on this CPU, and the verdict."""
+
+    reference: Evaluation
+    runtime: Evaluation  # the same object as ``reference`` when the runtime runs the reference program
+    verdict: Verdict
+    latency_ms_b1: float  # of the form whose speed counts (the runtime's, unless it was not used)
+
+    @property
+    def speed(self) -> Evaluation:
+        """The evaluation pass whose throughput is the model's."""
+        return self.runtime if self.verdict.runtime_used else self.reference
+
+
+def evaluate_quantized(
+    quantized: QuantizedModel, images: np.ndarray, labels: np.ndarray, name: str, tolerance_points: float
+) -> QuantizedResult:
+    """Evaluate the reference form and, when it is a different program, the runtime form; :func:`judge` it."""
+    runtime = quantized.runtime
+    reference = evaluate(quantized.reference, images, labels, desc=f"Evaluating {name} (reference)")
+    same_program = runtime.predict is quantized.reference
+    measured = (
+        reference if same_program else evaluate(runtime.predict, images, labels, desc=f"Evaluating {name}")
+    )
+    agreement = None
+    if not same_program and not runtime.integer_kernels:
+        agreement = float(np.mean(measured.predictions == reference.predictions))
+    dtypes = (quantized.activation_dtype, quantized.weight_dtype)
+    verdict = judge(
+        reference.accuracy, measured.accuracy, runtime, tolerance_points, hardware.detect(), dtypes, agreement
+    )
+    timed = runtime.predict if verdict.runtime_used else quantized.reference
+    return QuantizedResult(reference, measured, verdict, measure_latency(timed, images))

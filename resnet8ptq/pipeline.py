@@ -19,7 +19,8 @@ from resnet8ptq import hardware, records
 from resnet8ptq.backends.base import Backend
 from resnet8ptq.config import ConfigError, quant_spec
 from resnet8ptq.data import BINARY_DIR, PYTHON_DIR, Cifar10, calibration_set, load_cifar10, to_model_input
-from resnet8ptq.evaluate import Baseline, evaluate_baseline, evaluate_quantized
+from resnet8ptq.evaluate import Baseline, evaluate_baseline
+from resnet8ptq.execution import evaluate_quantized
 from resnet8ptq.model import CanonicalModel, ModelError, canonical_onnx, conversion_key, resolve_h5
 from resnet8ptq.records import ModelRecord
 from resnet8ptq.tracking.identity import config_hash, git_commit, run_params

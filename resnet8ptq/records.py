@@ -15,7 +15,8 @@ from omegaconf import DictConfig
 from resnet8ptq.artifacts import config_file, evaluation_files, layer_error_files, ranges_file
 from resnet8ptq.backends.base import LayerError, MlflowFlavor, QuantizedModel
 from resnet8ptq.data import CLASS_NAMES
-from resnet8ptq.evaluate import Baseline, Evaluation, QuantizedResult
+from resnet8ptq.evaluate import Baseline, Evaluation
+from resnet8ptq.execution import QuantizedResult
 from resnet8ptq.tracking.models import log_datasets, log_model
 from resnet8ptq.tracking.runs import child_run, find_sibling, log_artifacts, log_metrics, set_tags
 from resnet8ptq.tracking.sweep import sweep_lock
@@ -100,7 +101,7 @@ def quantized_metrics(
         **evaluation_metrics(evaluation, quantized.path),
         "accuracy_reference": evaluation.accuracy,
         **native,
-        "throughput_img_s": result.runtime.throughput_img_s,
+        "throughput_img_s": result.speed.throughput_img_s,
         "latency_ms_b1": result.latency_ms_b1,
         "eval_seconds": sum(evaluation.eval_seconds for evaluation in passes),
         "accuracy_delta": evaluation.accuracy - baseline.evaluation.accuracy,

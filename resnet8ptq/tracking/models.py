@@ -26,13 +26,21 @@ SIGNATURE = ModelSignature(
 def log_model(run_id: str, name: str, how: MlflowFlavor, input_example: np.ndarray) -> str:
     """Log a saved model as an MLflow Model of the run named ``name``; return its ``models:/<id>`` URI.
 
-    The run's metrics logged so far are linked to the model (MLflow copies them), so log metrics first.
+    The run's metrics logged so far are linked to the model (MLflow copies them), so log metrics first. The
+    model is created in the run's experiment with the run's params: left to itself, ``Model.log`` puts it in
+    the process's active experiment, which need not be the run's.
     """
+    client = MlflowClient()
+    run = client.get_run(run_id)
+    model = client.create_logged_model(
+        experiment_id=run.info.experiment_id, name=name, source_run_id=run_id, params=run.data.params
+    )
     info = Model.log(
         artifact_path=None,
         name=name,
         flavor=how.flavor,
         run_id=run_id,
+        model_id=model.model_id,
         signature=SIGNATURE,
         input_example=input_example,
         pip_requirements=how.requirements,

@@ -18,15 +18,15 @@ class TrackingError(RuntimeError):
     """The MLflow tracking server or store cannot be used."""
 
 
-# The MLflow UI opens an experiment in the view its kind selects; without the tag, MLflow 3.17 infers GenAI
-# and opens the traces overview. Model development is the model-training view with the runs table.
+# The experiment's kind, for MLflow clients that read it. MLflow 3.17.2's UI does not: its GenAI/Model
+# training switch decides the view (see runs_page), whatever the tag says.
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 EXPERIMENT_KIND = "custom_model_development"
 
 
 def configure(mlflow_cfg: DictConfig) -> str:
     """Point MLflow at the configured store, check it answers, and return the experiment id (an experiment
-    without a kind gets the model-development kind, so the UI opens it on its runs)."""
+    without a kind is tagged as model development)."""
     if mlflow_cfg.tracking_uri:
         mlflow.set_tracking_uri(mlflow_cfg.tracking_uri)
     uri = mlflow.get_tracking_uri()

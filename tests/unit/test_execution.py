@@ -55,3 +55,13 @@ def test_other_mismatches_are_not_blamed_on_saturation() -> None:
     for verdict in (with_vnni, other_dtype):
         assert verdict.execution == NATIVE_MISMATCH and "vpmaddubsw" not in verdict.reason
     assert mismatch_cause(True, U8S8) == mismatch_cause(False, ("int8", "int8"))
+
+
+def test_a_compiled_simulated_runtime_is_used_only_if_it_predicts_like_the_reference() -> None:
+    compiled = Runtime(_predict, False, "the q/dq program compiled by inductor into float kernels")
+    same = judge(0.8660, 0.8660, compiled, 0.3, AVX2, ("int8", "int8"), agreement=1.0)
+    assert (same.execution, same.runtime_used) == (SIMULATED, True)
+    assert "the reference's predictions on every test image" in same.reason
+    differs = judge(0.8660, 0.8660, compiled, 0.3, AVX2, ("int8", "int8"), agreement=0.9999)
+    assert (differs.execution, differs.runtime_used) == (SIMULATED, False)
+    assert "0.01% of the test images, so it was not used" in differs.reason

@@ -34,3 +34,38 @@ def test_runs_page_opens_the_model_training_view() -> None:
         "http://tracking:5000/#/experiments/7/runs?workflowType=machine_learning"
     )
     assert runs_page("1", "sqlite:///mlflow.db").startswith("http://127.0.0.1:5000/#/experiments/1/runs")
+
+
+def test_model_lands_in_its_runs_experiment_with_its_params(tmp_path, monkeypatch) -> None:
+    import mlflow
+    from onnx import TensorProto, helper
+
+    from resnet8ptq.backends.base import MlflowFlavor
+    from resnet8ptq.tracking.models import log_model
+
+    monkeypatch.chdir(tmp_path)
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    try:
+        client = mlflow.MlflowClient()
+        home = client.create_experiment("home")
+        run = client.create_run(home)
+        client.log_param(run.info.run_id, "dtype", "int8")
+        client.log_metric(run.info.run_id, "accuracy", 0.87)
+        mlflow.set_experiment("elsewhere")  # the process's active experiment is not the run's
+        graph = helper.make_graph(
+            [helper.make_node("Flatten", ["x"], ["y"])],
+            "tiny",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 32, 32, 3])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 3072])],
+        )
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+        how = MlflowFlavor(mlflow.onnx, {"onnx_model": model, "save_as_external_data": False}, ["onnx"])
+        uri = log_model(run.info.run_id, "tiny", how, np.zeros((1, 32, 32, 3), np.float32))
+        logged = client.get_logged_model(uri.removeprefix("models:/"))
+        assert logged.experiment_id == home
+        assert logged.source_run_id == run.info.run_id
+        assert logged.params == {"dtype": "int8"}
+        assert [(m.key, m.value) for m in logged.metrics] == [("accuracy", 0.87)]
+        assert mlflow.onnx.load_model(uri).graph.name == "tiny"
+    finally:
+        mlflow.set_tracking_uri(None)

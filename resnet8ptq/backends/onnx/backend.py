@@ -221,7 +221,11 @@ class OnnxRuntimeBackend(Backend):
         versions = self.versions()
         return MlflowFlavor(
             mlflow.onnx,
-            {"onnx_model": onnx.load(path), "onnx_execution_providers": ["CPUExecutionProvider"]},
+            {
+                "onnx_model": onnx.load(path),
+                "onnx_execution_providers": ["CPUExecutionProvider"],
+                "save_as_external_data": False,  # one file; the model is a few hundred KiB
+            },
             [f"{name}=={versions[name]}" for name in ("onnxruntime", "onnx")],
         )
 

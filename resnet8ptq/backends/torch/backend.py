@@ -31,6 +31,7 @@ from resnet8ptq.backends.base import (
     Runtime,
 )
 from resnet8ptq.backends.torch import layer_errors
+from resnet8ptq.backends.torch.compiled import CompileFailed, compile_native, compile_simulated
 from resnet8ptq.backends.torch.convert import (
     example_input,
     export,
@@ -39,12 +40,12 @@ from resnet8ptq.backends.torch.convert import (
     onnx_to_torch,
     save_program,
 )
-from resnet8ptq.backends.torch.native import NativeUnavailable, compile_native
 from resnet8ptq.backends.torch.observers import split_shared_observers
 from resnet8ptq.backends.torch.program import (
     check_quantized,
     drop_unused_attributes,
     effective_dtypes,
+    fold_weight_dequantize,
     payload_bytes,
     weight_granularity,
 )
@@ -104,8 +105,11 @@ class TorchBackend(Backend):
         activation_dtype, weight_dtype = effective_dtypes(program)
         quantize_seconds = time.perf_counter() - start - calib_seconds  # as in ORT: calibration apart
 
-        reference = make_predictor(program.module())
-        runtime, compile_seconds = self._runtime(program, shape, (activation_dtype, weight_dtype), reference)
+        reference_module = program.module()
+        fold_weight_dequantize(reference_module)  # the same numbers, computed once (program.py)
+        reference = make_predictor(reference_module)
+        dtypes = (activation_dtype, weight_dtype)
+        runtime, compile_seconds = self._runtime(program, reference_module, shape, dtypes, reference)
         log.info("torch %s/%s runtime: %s", activation_dtype, weight_dtype, runtime.kernels)
         return QuantizedModel(
             path=path,
@@ -130,27 +134,31 @@ class TorchBackend(Backend):
     def _runtime(
         self,
         program: torch.export.ExportedProgram,
+        folded: torch.fx.GraphModule,
         shape: tuple[int, ...],
         dtypes: tuple[str, str],
         reference: Predictor,
     ) -> tuple[Runtime, float]:
-        """The compiled int8-kernel model where inductor has kernels for it, else the reference program;
-        and the compile seconds."""
+        """How the program runs when deployed, and the compile seconds: inductor's int8 kernels for
+        uint8/int8, else (or when inductor does not lower every layer) the folded program compiled into
+        float kernels; the reference program itself when compiling fails or native=false."""
         if not self.native:
             return Runtime(reference, False, "native execution disabled (backend.native=false)"), 0.0
-        if dtypes != ("uint8", "int8"):
-            reason = (
-                f"x86 integer kernels (oneDNN via inductor) need uint8 activations and int8 weights, not "
-                f"{dtypes[0]}/{dtypes[1]}: the PT2E quantize/dequantize program runs in float"
-            )
-            return Runtime(reference, False, reason), 0.0
+        spent = 0.0
+        if dtypes == ("uint8", "int8"):
+            try:
+                compiled, seconds, lowered = compile_native(program.module(), shape)
+                return Runtime(compiled, True, f"inductor lowered {lowered} to oneDNN int8 kernels"), seconds
+            except CompileFailed as err:
+                why, spent = f"no int8 kernels ({err})", err.seconds
+        else:
+            why = f"x86 int8 kernels (oneDNN) take uint8 activations and int8 weights, not {'/'.join(dtypes)}"
         try:
-            compiled, seconds, lowered = compile_native(program.module(), shape)
-        except NativeUnavailable as err:
-            return Runtime(
-                reference, False, f"no integer kernels ({err}): the q/dq program runs"
-            ), err.seconds
-        return Runtime(compiled, True, f"inductor lowered {lowered} to oneDNN int8 kernels"), seconds
+            compiled, seconds = compile_simulated(folded, shape)
+        except CompileFailed as err:
+            return Runtime(reference, False, f"{why}; compiling failed ({err}): the q/dq program ran"), spent
+        kernels = f"{why}: the q/dq program compiled by inductor into float kernels"
+        return Runtime(compiled, False, kernels), spent + seconds
 
     def layer_errors(self, fp32: Model, quantized: QuantizedModel, images: np.ndarray) -> list[LayerError]:
         """SQNR of the saved quantized program (its q/dq form, also for native runs) against the saved FP32

@@ -42,7 +42,7 @@ def _make_reshapes_static(gm: fx.GraphModule) -> int:
         shape_node = node.args[1]
         if not isinstance(shape_node, fx.Node) or shape_node.op != "get_attr":
             raise RuntimeError(f"Reshape {node.target}: the target shape is computed, not a constant.")
-        shape = _get_attr(gm, shape_node.target)
+        shape = get_attr(gm, shape_node.target)
         gm.add_submodule(node.target, StaticReshape(shape.tolist()))
         node.args = (node.args[0],)
         replaced += 1
@@ -52,7 +52,8 @@ def _make_reshapes_static(gm: fx.GraphModule) -> int:
     return replaced
 
 
-def _get_attr(gm: fx.GraphModule, target: str) -> torch.Tensor:
+def get_attr(gm: fx.GraphModule, target: str) -> torch.Tensor:
+    """The parameter or buffer a ``get_attr`` node of ``gm`` reads."""
     owner, _, name = target.rpartition(".")
     return getattr(gm.get_submodule(owner) if owner else gm, name)
 

@@ -8,6 +8,8 @@ from typing import Any
 import torch
 from torch import fx
 
+from resnet8ptq.backends.torch.convert import get_attr
+
 
 def drop_unused_attributes(gm: fx.GraphModule) -> int:
     """Delete parameters/buffers no node reads (convert_pt2e leaves the float weights behind, and
@@ -123,3 +125,26 @@ def is_zero_pad(node: fx.Node) -> bool:
     mode = node.args[2] if len(node.args) > 2 else node.kwargs.get("mode", "constant")
     value = node.args[3] if len(node.args) > 3 else node.kwargs.get("value", 0.0)
     return mode == "constant" and not value
+
+
+def fold_weight_dequantize(gm: fx.GraphModule) -> int:
+    """Replace each dequantize of a stored integer weight by its result, computed once by the same op on the
+    same stored tensors: the numbers the program computes on every call (the same predictions, bit for bit),
+    without dequantizing the weights again per call. Returns how many were folded."""
+    folded = 0
+    for node in list(gm.graph.nodes):
+        if not (qdq_op(node) or "").startswith("dequantize"):
+            continue
+        if not node.all_input_nodes or any(arg.op != "get_attr" for arg in node.all_input_nodes):
+            continue  # an activation's dequantize (its input is computed)
+        args, kwargs = fx.node.map_arg((node.args, node.kwargs), lambda arg: get_attr(gm, arg.target))
+        name = f"folded_weight_{folded}"
+        gm.register_buffer(name, node.target(*args, **kwargs))
+        with gm.graph.inserting_before(node):
+            node.replace_all_uses_with(gm.graph.get_attr(name))
+        gm.graph.erase_node(node)
+        folded += 1
+    gm.graph.eliminate_dead_code()
+    drop_unused_attributes(gm)
+    gm.recompile()
+    return folded

@@ -1,0 +1,92 @@
+"""How much the tool costs over the work it does: the headline sweep and the 18-run ORT sweep through `run.py`
+against bench/bare_sweep.py doing the same quantize + evaluate work, as ratios, from one invocation.
+
+Usage: RESNET8PTQ_ASSETS=../shared python bench/overhead.py
+Every command runs in its own process (imports included), the tool in a new directory (a new MLflow store),
+with the canonical model already converted. Printed:
+- tool / bare wall-clock, for the headline sweep and the 18-run ORT sweep (target <= 1.2);
+- the warm headline sweep (`rerun=true`, store and model there) / the bare script's quantize + evaluate
+  seconds (target <= 1.3);
+- torch simulated throughput / torch FP32 eager throughput, from the bare run (target >= 1).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+HEADLINE = ["backend=onnx,torch", "dtype=int8,uint8"]
+ORT_GRID = [
+    "backend=onnx",
+    "dtype=int8,uint8,u8s8",
+    "calib=minmax,entropy,percentile",
+    "per_channel=false,true",
+]
+
+
+def timed(command: list[str], cwd: Path) -> tuple[float, str]:
+    """Wall-clock seconds of a command, and its output (it must succeed)."""
+    start = time.perf_counter()
+    result = subprocess.run(command, cwd=cwd, capture_output=True, text=True, check=False)
+    seconds = time.perf_counter() - start
+    if result.returncode != 0:
+        sys.exit(f"{' '.join(command)} failed:\n{result.stderr[-3000:]}")
+    return seconds, result.stdout + result.stderr
+
+
+def tool(workdir: Path, *overrides: str) -> float:
+    return timed([sys.executable, str(REPO / "run.py"), "-m", *overrides], workdir)[0]
+
+
+def bare(*axes: str) -> tuple[float, float, str]:
+    """Wall-clock seconds, quantize + evaluate seconds, output."""
+    seconds, output = timed([sys.executable, str(REPO / "bench" / "bare_sweep.py"), *axes], REPO)
+    return seconds, float(re.search(r"work_seconds ([\d.]+)", output).group(1)), output
+
+
+def throughput(output: str, pattern: str) -> list[float]:
+    return [float(m) for m in re.findall(pattern + r".*?, ([\d.]+) img/s", output)]
+
+
+def main() -> None:
+    warm_up = tempfile.mkdtemp(prefix="bench-")
+    tool(Path(warm_up), "backend=onnx", "dtype=int8", "report.enabled=false")  # converts and caches the model
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="bench-") as headline, tempfile.TemporaryDirectory() as grid:
+        headline_tool = tool(Path(headline), *HEADLINE)
+        headline_warm = tool(Path(headline), *HEADLINE, "rerun=true")
+        headline_bare, headline_work, bare_output = bare(*HEADLINE)
+        grid_tool = tool(Path(grid), *ORT_GRID)
+        grid_bare, _, _ = bare(*ORT_GRID)
+    fp32 = throughput(bare_output, r"torch fp32: [\d.]+")
+    simulated = throughput(bare_output, r"torch-(?:int8|uint8)-[\w-]+: accuracy [\d.]+, simulated")
+    rows = [
+        ("headline sweep: tool / bare script (wall)", headline_tool, headline_bare, 1.2),
+        ("18-run ORT sweep: tool / bare script (wall)", grid_tool, grid_bare, 1.2),
+        ("warm headline sweep (rerun=true) / bare quantize + evaluate", headline_warm, headline_work, 1.3),
+    ]
+    print(f"CPU: {cpu()}")
+    print(f"{'what':<62} {'tool s':>8} {'bare s':>8} {'ratio':>6}  target")
+    for what, mine, theirs, target in rows:
+        print(f"{what:<62} {mine:8.1f} {theirs:8.1f} {mine / theirs:6.2f}  <= {target}")
+    for value in simulated:
+        ratio = f"{value:.0f} / {fp32[0]:.0f} img/s = {value / fp32[0]:.2f}"
+        print(f"torch simulated / FP32 eager throughput: {ratio} (>= 1)")
+
+
+def cpu() -> str:
+    sys.path.insert(0, str(REPO))
+    from resnet8ptq.hardware import detect
+
+    return detect().label
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("RESNET8PTQ_ASSETS", str(REPO.parent / "shared"))
+    main()
