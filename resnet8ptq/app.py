@@ -17,9 +17,11 @@ from typing import Any
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import CompactHydraException
 from hydra.experimental.callback import Callback
+from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from resnet8ptq import hardware
+from resnet8ptq.backends.base import Unsupported
 from resnet8ptq.config import ConfigError, ReportConfig
 from resnet8ptq.data import DataError
 from resnet8ptq.model import ModelError
@@ -27,7 +29,7 @@ from resnet8ptq.tracking.identity import git_commit
 from resnet8ptq.tracking.runs import process_tags
 from resnet8ptq.tracking.stale import close_stale_runs
 from resnet8ptq.tracking.store import TrackingError, configure, runs_page
-from resnet8ptq.tracking.sweep import end_sweep_run, start_sweep_run, tag_sweep_error
+from resnet8ptq.tracking.sweep import end_sweep_run, start_sweep_run, tag_sweep_error, tag_sweep_unsupported
 
 log = logging.getLogger(__name__)
 
@@ -40,17 +42,26 @@ class RunFailed(CompactHydraException):
     """A known failure (settings, data, model, tracking store, disk): printed as its message, no traceback."""
 
 
-def task(cfg: DictConfig) -> float:
-    """One job: the pipeline on this configuration; returns its accuracy (what a sweeper optimises).
+def task(cfg: DictConfig) -> float | None:
+    """One job: the pipeline on this configuration; returns its accuracy (what a sweeper optimises), or None
+    when the job belongs to a sweep and its backend refuses the configuration (:class:`Unsupported`).
 
     A failure is tagged on the sweep run (the job may fail before it has a run of its own) and re-raised,
     known failures as :class:`RunFailed`.
     """
     from resnet8ptq.pipeline import run  # the libraries: imported when a job runs, not at start-up
 
-    output_dir = Path(HydraConfig.get().runtime.output_dir)
+    hydra_cfg = HydraConfig.get()
+    output_dir = Path(hydra_cfg.runtime.output_dir)
     try:
         return run(cfg, output_dir)
+    except Unsupported as err:  # a sweep goes on without it; a single run fails
+        if hydra_cfg.mode != RunMode.MULTIRUN:
+            raise RunFailed(f"Unsupported: {err}") from err
+        job = " ".join(hydra_cfg.overrides.task)
+        log.warning("Skipped %s: %s", job, err)
+        tag_sweep_unsupported(job.replace("=", "-").replace(" ", "_")[:200], str(err))
+        return None
     except KNOWN_ERRORS as err:  # the run is FAILED, its error recorded
         failure = RunFailed(f"{type(err).__name__}: {err}")
         tag_sweep_error(str(failure))

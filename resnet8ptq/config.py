@@ -17,6 +17,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 import resnet8ptq.backends
+from resnet8ptq.algorithms import AlgoConfig
 from resnet8ptq.backends.base import QuantSpec
 from resnet8ptq.calibration import CalibConfig
 from resnet8ptq.dtype import DtypeConfig
@@ -54,6 +55,7 @@ class Config:
     backend: Any = MISSING  # the chosen backend's own schema (`<name>_schema`) types it
     dtype: DtypeConfig = MISSING  # the `dtype` group's choice
     calib: CalibConfig = MISSING  # the `calib` group's choice
+    algo: AlgoConfig = MISSING  # the `algo` group's choice
     per_channel: bool = False
     reduce_range: bool = False  # weights in 7 bits (ORT's reduce_range)
     native_tolerance_points: float = 0.3  # largest |native - reference| accuracy gap tagged `native`
@@ -92,6 +94,7 @@ def quant_spec(cfg: DictConfig) -> QuantSpec:
             f"threads={cfg.threads}: expected a positive number of threads, or null (all cores)."
         )
     try:
+        OmegaConf.to_object(cfg.algo)  # validated here with the rest, used by the pipeline
         return QuantSpec(
             dtype=OmegaConf.to_object(cfg.dtype),
             calib=OmegaConf.to_object(cfg.calib),

@@ -1,4 +1,5 @@
-"""The `dtype` config group: the integer types of activations and weights (`conf/dtype/*.yaml`)."""
+"""The `dtype` config group: signedness and bit widths of activations and weights (`conf/dtype/*.yaml`), and
+the one integer-range rule both backends quantize with (ONNX Runtime's, generalised to any width)."""
 
 from __future__ import annotations
 
@@ -7,21 +8,94 @@ from dataclasses import dataclass
 from omegaconf import MISSING
 
 QUANT_DTYPES = ("int8", "uint8")
+WEIGHT_BITS = range(2, 9)
+ACTIVATION_BITS = (4, 5, 6, 7, 8, 16)
 
 
 @dataclass
 class DtypeConfig:
-    """Activation and weight types of a quantized model (`dtype=u8s8` is activation uint8, weight int8)."""
+    """Activation and weight types of a quantized model (`dtype=u8s8` is activation uint8, weight int8).
+
+    ``activation``/``weight`` give the signedness (and the 8-bit storage type); ``*_bits`` narrow the
+    integer range stored in it (``weight_bits=4``: int8 storage holding -7..7) or, for activations, widen it
+    to 16 bits (uint16/int16 storage).
+    """
 
     activation: str = MISSING
     weight: str = MISSING
+    activation_bits: int = 8
+    weight_bits: int = 8
 
     def __post_init__(self) -> None:
         for role, value in (("activation", self.activation), ("weight", self.weight)):
             if value not in QUANT_DTYPES:
                 raise ValueError(f"dtype.{role}={value!r}: expected one of {', '.join(QUANT_DTYPES)}.")
+        if self.weight_bits not in WEIGHT_BITS:
+            raise ValueError(f"dtype.weight_bits={self.weight_bits}: expected 2..8.")
+        if self.activation_bits not in ACTIVATION_BITS:
+            raise ValueError(f"dtype.activation_bits={self.activation_bits}: expected 4..8 or 16.")
 
     @property
     def pair(self) -> tuple[str, str]:
-        """(activation, weight)."""
+        """(activation, weight) signedness as the 8-bit type names of the config."""
         return self.activation, self.weight
+
+    @property
+    def storage(self) -> tuple[str, str]:
+        """(activation, weight) storage types: ``int8``/``uint8``, or ``int16``/``uint16`` for 16-bit
+        activations."""
+        activation = self.activation.replace("8", "16") if self.activation_bits == 16 else self.activation
+        return activation, self.weight
+
+    @property
+    def label(self) -> str:
+        """Short name of the types, e.g. ``uint8-int8``, ``uint16-int8``, ``uint6-int4``."""
+        return (
+            f"{type_name(self.activation, self.activation_bits)}-{type_name(self.weight, self.weight_bits)}"
+        )
+
+    def weight_symmetric(self, per_channel: bool) -> bool:
+        """ORT's weight symmetry in QDQ models: symmetric for signed types (``WeightSymmetric``'s default) and
+        for every per-channel weight (QLinear ops need one zero point in all channels), so only per-tensor
+        unsigned weights are asymmetric. Both backends follow it."""
+        return self.weight == "int8" or per_channel
+
+    def activation_range(self) -> tuple[int, int]:
+        """(qmin, qmax) of activations: asymmetric, as ORT's ``ActivationSymmetric`` default."""
+        return integer_range(self.activation, self.activation_bits, symmetric=False)
+
+    def weight_range(self, symmetric: bool, reduce_range: bool = False) -> tuple[int, int]:
+        """(qmin, qmax) of weights (``reduce_range``: one bit less, as ORT; 8-bit weights only)."""
+        return integer_range(self.weight, self.weight_bits, symmetric, reduce_range)
+
+
+def type_name(signedness: str, bits: int) -> str:
+    """``int4``, ``uint16``, ...: the integer type of ``bits`` with the signedness of ``int8``/``uint8``."""
+    return f"{'u' if signedness.startswith('u') else ''}int{bits}"
+
+
+def integer_range(signedness: str, bits: int, symmetric: bool, reduce_range: bool = False) -> tuple[int, int]:
+    """ORT's (qmin, qmax) rule for any width: signed symmetric [-(2^(b-1)-1), 2^(b-1)-1], signed asymmetric
+    [-2^(b-1), 2^(b-1)-1], unsigned [0, 2^b-1]; ``reduce_range`` as ORT's reduced 8-bit ranges (int8
+    [-64, 64], uint8 [0, 127]). Equal to ``onnxruntime.quantization.quant_utils.get_qmin_qmax_for_qType`` at
+    8 and 16 bits (tests/unit/test_dtype.py)."""
+    if reduce_range:
+        if bits != 8:
+            raise ValueError(
+                "reduce_range (7-bit weights) applies to 8-bit weights: set dtype.weight_bits instead."
+            )
+        return (-64, 64) if signedness == "int8" else (0, 127)
+    if signedness.startswith("u"):
+        return 0, 2**bits - 1
+    half = 2 ** (bits - 1)
+    return (-(half - 1) if symmetric else -half), half - 1
+
+
+def bits_used(low: int, high: int, signed: bool) -> int:
+    """The fewest bits of the given signedness whose range holds the integers ``low..high`` (at least 1)."""
+    bits = 1
+    while True:
+        lo, hi = (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1) if signed else (0, 2**bits - 1)
+        if lo <= low and high <= hi:
+            return bits
+        bits += 1

@@ -16,6 +16,7 @@ from mlflow.data.numpy_dataset import NumpyDataset
 from omegaconf import DictConfig, OmegaConf
 
 from resnet8ptq import hardware, records
+from resnet8ptq.algorithms import AlgoConfig, prepare
 from resnet8ptq.backends.base import Backend
 from resnet8ptq.config import ConfigError, quant_spec
 from resnet8ptq.data import BINARY_DIR, PYTHON_DIR, Cifar10, calibration_set, load_cifar10, to_model_input
@@ -36,16 +37,20 @@ LAYER_ERROR_IMAGES = 200  # calibration images used for the per-layer SQNR analy
 def run(cfg: DictConfig, output_dir: Path) -> float:
     """Quantize, evaluate and log one configuration; return its test accuracy (fraction)."""
     spec = quant_spec(cfg)  # invalid settings fail here, before any work
+    algo: AlgoConfig = OmegaConf.to_object(cfg.algo)  # validated by quant_spec
     experiment_id = configure(cfg.mlflow)
     backend = make_backend(cfg)
     params = run_params(cfg)
     granularity = ("pc" if spec.per_channel else "pt") + ("-rr" if spec.reduce_range else "")
-    run_name = f"{backend.NAME}-{spec.dtype.activation}-{spec.dtype.weight}-{spec.calib.method}-{granularity}"
+    backend.check(spec)  # a configuration the backend cannot run exactly is refused here, before any work
+    run_name = f"{backend.NAME}-{spec.dtype.label}-{spec.calib.method}-{granularity}"
+    run_name += "".join(f"-{step}" for step in algo.steps)
     identity = result_identity(cfg, backend)
     tags = {
         "backend": backend.NAME,
         "quantized": "true",
         "calib": spec.calib.method,
+        "algo": "+".join(algo.steps) or "none",
         "per_channel": str(spec.per_channel).lower(),
         "reduce_range": str(spec.reduce_range).lower(),
         "config_hash": config_hash(params, identity),
@@ -77,8 +82,11 @@ def run(cfg: DictConfig, output_dir: Path) -> float:
             experiment_id, backend.NAME, baseline, params, tags | context, output_dir, fp32_record
         )
 
-        # 3. Quantize.
-        quantized = backend.quantize(canonical.onnx_path, calibration_images, spec, output_dir / "model")
+        # 3. PTQ algorithms on the FP32 model (`algo`), then quantize.
+        prepared = prepare(
+            algo, canonical.onnx_path, calibration_images, spec, output_dir / "algo", cfg.data.seed
+        )
+        quantized = backend.quantize(prepared.onnx_path, calibration_images, spec, output_dir / "model")
 
         # 4. Evaluate on the full test set: the reference semantics, and the runtime form on this CPU.
         tolerance = cfg.native_tolerance_points
@@ -91,14 +99,16 @@ def run(cfg: DictConfig, output_dir: Path) -> float:
             result.verdict.execution,
             result.verdict.reason,
         )
-        layer_errors = backend.layer_errors(
-            baseline.model, quantized, calibration_images[:LAYER_ERROR_IMAGES]
+        # The quantizer's own error: against the FP32 model it was given (after the algorithms).
+        given = (
+            baseline.model if not algo.steps else backend.load_fp32(prepared.onnx_path, output_dir / "algo")
         )
+        layer_errors = backend.layer_errors(given, quantized, calibration_images[:LAYER_ERROR_IMAGES])
 
         # 5. Log.
         model = ModelRecord(backend.mlflow_flavor(quantized.path), test_images[:2], inputs.quantized)
         records.log_quantized(
-            run_id, run_name, cfg, quantized, result, baseline, layer_errors, output_dir, model
+            run_id, run_name, cfg, quantized, result, baseline, layer_errors, output_dir, model, prepared
         )
     return result.reference.accuracy
 

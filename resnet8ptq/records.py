@@ -12,6 +12,7 @@ import numpy as np
 from mlflow.data.numpy_dataset import NumpyDataset
 from omegaconf import DictConfig
 
+from resnet8ptq.algorithms import Prepared
 from resnet8ptq.artifacts import config_file, evaluation_files, layer_error_files, ranges_file
 from resnet8ptq.backends.base import LayerError, MlflowFlavor, QuantizedModel
 from resnet8ptq.data import CLASS_NAMES
@@ -21,7 +22,7 @@ from resnet8ptq.tracking.models import log_datasets, log_model
 from resnet8ptq.tracking.runs import child_run, find_sibling, log_artifacts, log_metrics, set_tags
 from resnet8ptq.tracking.sweep import sweep_lock
 
-QUANTIZATION_SETTINGS = ("dtype", "calib", "per_channel", "reduce_range", "native_tolerance_points")
+QUANTIZATION_SETTINGS = ("dtype", "calib", "algo", "per_channel", "reduce_range", "native_tolerance_points")
 """Params and tags of a quantized run that an FP32 run does not have."""
 
 
@@ -72,6 +73,8 @@ def log_baseline_once(
             "quantized": "false",
             "dtype.activation": "float32",
             "dtype.weight": "float32",
+            "dtype.activation_bits": "32",
+            "dtype.weight_bits": "32",
         }
         with child_run(experiment_id, name, fp32_tags, fp32_params) as run_id:
             metrics = {
@@ -127,20 +130,27 @@ def log_quantized(
     layer_errors: list[LayerError],
     output_dir: Path,
     model: ModelRecord,
+    prepared: Prepared,
 ) -> None:
     """Everything a quantized run records: metrics, effective dtypes, execution, layer errors, artifacts,
-    the MLflow Model and the datasets."""
+    the MLflow Model and the datasets; what the PTQ algorithms did and their seconds."""
     worst = min(layer_errors, key=lambda error: error.sqnr_db)
-    log_metrics(run_id, quantized_metrics(quantized, result, baseline, layer_errors))
+    log_metrics(
+        run_id,
+        {**quantized_metrics(quantized, result, baseline, layer_errors), "algo_seconds": prepared.seconds},
+    )
     set_tags(
         run_id,
         {
             "dtype.activation": quantized.activation_dtype,
             "dtype.weight": quantized.weight_dtype,
+            "dtype.activation_bits": str(quantized.activation_bits),
+            "dtype.weight_bits": str(quantized.weight_bits),
             "execution": result.verdict.execution,
             "execution_reason": result.verdict.reason,
             "sqnr_worst_layer": f"{worst.layer} ({worst.kind}, {worst.sqnr_db:.1f} dB)",
             **quantized.tags,
+            **prepared.tags,
         },
     )
     log_artifacts(

@@ -20,6 +20,12 @@ from omegaconf import MISSING
 from resnet8ptq.calibration import CalibConfig
 from resnet8ptq.dtype import DtypeConfig
 
+
+class Unsupported(ValueError):
+    """The backend cannot run this configuration exactly (e.g. a bit width its format cannot hold); the
+    message says what it can run. Raised by :meth:`Backend.check` before any work."""
+
+
 Predictor = Callable[[np.ndarray], np.ndarray]
 """NHWC float32 raw 0-255 images (any batch size) -> class probabilities (N, 10)."""
 
@@ -41,6 +47,13 @@ class QuantSpec:
     calib: CalibConfig
     per_channel: bool = False
     reduce_range: bool = False  # weights in 7 bits (ORT's reduce_range): no u8s8 saturation without VNNI
+
+    def __post_init__(self) -> None:
+        if self.reduce_range and self.dtype.weight_bits != 8:
+            raise ValueError(
+                f"reduce_range=true with dtype.weight_bits={self.dtype.weight_bits}: reduce_range means "
+                f"7-bit weights; set dtype.weight_bits=7 instead, or reduce_range=false."
+            )
 
 
 @dataclass(frozen=True)
@@ -96,8 +109,10 @@ class QuantizedModel:
     path: Path
     reference: Predictor  # the exact quantize/dequantize semantics (same on every CPU up to float rounding)
     runtime: Runtime  # what the library executes on this CPU (may be ``reference`` itself)
-    activation_dtype: str  # effective, read back from the saved model
-    weight_dtype: str  # effective, read back from the saved model
+    activation_dtype: str  # effective storage type, read back from the saved model
+    weight_dtype: str  # effective storage type, read back from the saved model
+    activation_bits: int  # effective width, read back from the saved model
+    weight_bits: int  # effective width: the fewest bits holding every stored weight integer
     ranges: list[TensorRange]
     calib_seconds: float
     quantize_seconds: float
@@ -115,6 +130,9 @@ class Backend(ABC):
         ``threads``: compute threads for inference (None: the library's default, all cores)."""
         self.native = native
         self.threads = threads
+
+    def check(self, spec: QuantSpec) -> None:  # noqa: B027 (optional hook: most backends run every spec)
+        """Raise :class:`Unsupported` if this backend cannot run ``spec`` exactly (default: it can)."""
 
     @abstractmethod
     def load_fp32(self, onnx_path: Path, workdir: Path) -> Model:

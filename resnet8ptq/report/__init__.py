@@ -23,6 +23,8 @@ from resnet8ptq.report.render import to_html
 from resnet8ptq.report.runs import ReportError, comparison_table, latest_per_config, runs_frame
 from resnet8ptq.report.sections import (
     Report,
+    accuracy_map_section,
+    algorithm_section,
     comparison_rows,
     execution_section,
     failed_rows,
@@ -34,6 +36,7 @@ from resnet8ptq.report.sections import (
 )
 from resnet8ptq.tracking.runs import REUSED_TAG_PREFIX
 from resnet8ptq.tracking.search import search_all
+from resnet8ptq.tracking.sweep import UNSUPPORTED_TAG_PREFIX
 
 __all__ = ["ARTIFACT_DIR", "ReportError", "write_experiment_report", "write_report"]
 
@@ -61,7 +64,8 @@ def markdown(report: Report) -> str:
         parts += ["## Comparison", comparison_rows(table, report.max_drop_points).markdown()]
         parts += execution_section(table)
     if report.has_results:
-        parts += per_class_section(report) + layer_error_section(table) + tradeoff_section(report)
+        parts += accuracy_map_section(report) + algorithm_section(table) + per_class_section(report)
+        parts += layer_error_section(table) + tradeoff_section(report)
     parts.append(f"## Failed runs ({len(report.failed)})")
     parts.append(failed_rows(report.failed).markdown() if len(report.failed) else "None: every run finished.")
     return "\n\n".join(parts) + "\n"
@@ -117,6 +121,10 @@ def write_report(
         f"sweep dir: {tags.get('sweep_dir', '?')}",
         f"accuracy-drop limit: {max_drop_points:g} points",
     ]
+    refused = [value for key, value in sorted(tags.items()) if key.startswith(UNSUPPORTED_TAG_PREFIX)]
+    if refused:
+        context.append(f"configurations their backend refused (not run): {len(refused)}")
+        context += [f"refused: {message}" for message in dict.fromkeys(refused)]
     if reused:
         count = sum(run.data.tags.get("quantized") == "true" for run in reused)
         context.append(f"reused from earlier sweeps: {count} configurations that had already FINISHED")

@@ -16,6 +16,7 @@ from matplotlib.lines import Line2D
 HEATMAP_PNG = "report_class_delta.png"
 SIZE_PNG = "report_accuracy_vs_size.png"
 THROUGHPUT_PNG = "report_accuracy_vs_throughput.png"
+ACCURACY_MAP_PNG = "report_accuracy_map.png"
 LABEL_ALL_POINTS = 12  # trade-off plots name every point up to this many, else only the Pareto front
 MARKERS = "osD^vP<>Xph"  # one per dtype choice, FP32 a star
 
@@ -77,5 +78,34 @@ def tradeoff_png(
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def accuracy_map_png(maps: dict[str, pd.DataFrame], kinds: dict[str, pd.DataFrame], path: Path) -> Path:
+    """One heatmap per panel (e.g. backend and granularity): weight bits (rows) x activation bits (columns)
+    of accuracy (%), each cell annotated with its accuracy and N (native) or S (simulated); blank: not run."""
+    values = [m.to_numpy(float) for m in maps.values()]
+    low = min(float(np.nanmin(v)) for v in values)
+    high = max(float(np.nanmax(v)) for v in values)
+    columns = min(len(maps), 3)
+    rows = -(-len(maps) // columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(4.6 * columns, 3.9 * rows), squeeze=False)
+    for ax in axes.flat[len(maps) :]:
+        ax.axis("off")
+    for ax, (title, grid), matrix in zip(axes.flat, maps.items(), values, strict=False):
+        ax.set_facecolor("0.92")  # configurations that did not run
+        image = ax.imshow(matrix, cmap="viridis", vmin=low, vmax=high, origin="lower")
+        ax.set_xticks(np.arange(grid.shape[1]), [str(c) for c in grid.columns])
+        ax.set_yticks(np.arange(grid.shape[0]), [str(r) for r in grid.index])
+        ax.set(xlabel="activation bits", ylabel="weight bits", title=title)
+        for (row, col), value in np.ndenumerate(matrix):
+            if np.isfinite(value):
+                kind = kinds[title].iat[row, col]
+                color = "black" if value > (low + high) / 2 else "white"
+                ax.text(col, row, f"{value:.1f}\n{kind}", ha="center", va="center", fontsize=7, color=color)
+    fig.colorbar(image, ax=axes.ravel().tolist(), fraction=0.03, label="accuracy (%)")
+    fig.suptitle("Accuracy by bit width (N: integer kernels matched the reference, S: simulated)", y=1.03)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return path

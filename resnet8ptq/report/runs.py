@@ -14,6 +14,7 @@ from resnet8ptq.hardware import Hardware
 from resnet8ptq.tracking.search import where
 
 CLASS_METRIC = "class_acc/"
+ROLES = ("activation", "weight")
 
 
 EMPTY_COLUMNS = [
@@ -26,7 +27,10 @@ EMPTY_COLUMNS = [
     "dtype",
     "activation",
     "weight",
+    "activation_bits",
+    "weight_bits",
     "calib",
+    "algo",
     "per_channel",
     "reduce_range",
     "execution",
@@ -68,7 +72,12 @@ def runs_frame(runs: Iterable[Run]) -> pd.DataFrame:
         quantized = tags.get("quantized") != "false"
         activation = tags.get("dtype.activation") or params.get("dtype.activation", "?")
         weight = tags.get("dtype.weight") or params.get("dtype.weight", "?")
+        bits = [
+            int(tags.get(f"dtype.{role}_bits") or params.get(f"dtype.{role}_bits") or 8) for role in ROLES
+        ]
         dtype = params.get("dtype") or f"{activation}/{weight}"  # the `dtype` choice, e.g. u8s8
+        if bits != [8, 8] and dtype != f"a{bits[0]}w{bits[1]}":
+            dtype += f" a{bits[0]}w{bits[1]}"  # widths set apart from the choice
         per_channel = (tags.get("per_channel") or params.get("per_channel", "?")).lower()
         machine = Hardware.from_tags(tags)
         rows.append(
@@ -82,7 +91,10 @@ def runs_frame(runs: Iterable[Run]) -> pd.DataFrame:
                 "dtype": dtype if quantized else "fp32",
                 "activation": activation,
                 "weight": weight,
+                "activation_bits": bits[0] if quantized else 32,
+                "weight_bits": bits[1] if quantized else 32,
                 "calib": (tags.get("calib") or params.get("calib", "?")) if quantized else "",
+                "algo": (tags.get("algo") or params.get("algo") or "none") if quantized else "",
                 "per_channel": per_channel if quantized else "",
                 "reduce_range": tags.get("reduce_range", "false") if quantized else "",
                 "hardware": machine.label if machine else "not recorded",
@@ -111,7 +123,8 @@ def _labels(frame: pd.DataFrame) -> list[str]:
         else:
             channel = " per-channel" if row.per_channel == "true" else ""
             reduced = " reduce-range" if row.reduce_range == "true" else ""
-            labels.append(f"{row.backend} {row.dtype} {row.calib}{channel}{reduced}")
+            algo = f" {row.algo}" if row.algo not in ("none", "") else ""
+            labels.append(f"{row.backend} {row.dtype} {row.calib}{channel}{reduced}{algo}")
     counts = pd.Series(labels).value_counts()
     return [
         f"{label} [{run_id[:6]}]" if counts[label] > 1 else label

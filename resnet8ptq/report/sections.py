@@ -21,9 +21,11 @@ from resnet8ptq.report.analysis import (
     worst_classes,
 )
 from resnet8ptq.report.figures import (
+    ACCURACY_MAP_PNG,
     HEATMAP_PNG,
     SIZE_PNG,
     THROUGHPUT_PNG,
+    accuracy_map_png,
     class_delta_heatmap_png,
     tradeoff_png,
 )
@@ -271,3 +273,55 @@ def nothing_to_report_message(report: Report) -> str:
         f"Nothing to report: no finished quantized run ({len(report.failed)} failed or unfinished, "
         f"{int((~report.table['quantized']).sum())} FP32 baseline(s) finished)."
     )
+
+
+EXECUTION_MARK = {"native": "N", "native-mismatch": "N!", "simulated": "S"}
+
+
+def accuracy_map_section(report: Report) -> list[str]:
+    """Accuracy over weight bits x activation bits, per backend, dtype and granularity, when the runs vary
+    the widths: a heatmap and, per panel, a table."""
+    table = report.table[report.table["quantized"]]
+    if table[["activation_bits", "weight_bits"]].drop_duplicates().shape[0] < 2:
+        return []
+    maps, kinds, section = {}, {}, ["## Accuracy by bit width"]
+    kind = {role: table[role].str.extract(r"^(u?int)", expand=False) for role in ("activation", "weight")}
+    signedness = (kind["activation"] + "/" + kind["weight"]).rename("types")
+    for (backend, types, per_channel, calib, reduced), group in table.groupby(
+        ["backend", signedness, "per_channel", "calib", "reduce_range"], sort=True
+    ):
+        granularity = "per-channel" if per_channel == "true" else "per-tensor"
+        title = f"{backend} {types} {calib} {granularity}" + (" reduce-range" if reduced == "true" else "")
+        group = group.drop_duplicates(["activation_bits", "weight_bits"])
+        grid = {"index": "weight_bits", "columns": "activation_bits"}
+        maps[title] = group.pivot(**grid, values="accuracy_pct").sort_index().sort_index(axis=1)
+        marks = group.assign(mark=group["execution"].map(EXECUTION_MARK).fillna("?"))
+        kinds[title] = marks.pivot(**grid, values="mark").reindex_like(maps[title])
+        headers = ["weight bits \\ activation bits", *map(str, maps[title].columns)]
+        rows = [
+            [str(bits), *(fmt_cell(acc, kinds[title].at[bits, col]) for col, acc in row.items())]
+            for bits, row in maps[title].iloc[::-1].iterrows()
+        ]
+        section += [f"**{title}** (accuracy %, N native / S simulated)", Table(headers, rows).markdown()]
+    path = accuracy_map_png(maps, kinds, report.out_dir / ACCURACY_MAP_PNG)
+    return [*section[:1], report.image(path, "accuracy by weight and activation bits"), *section[1:]]
+
+
+def fmt_cell(accuracy: float, mark: object) -> str:
+    """``86.6 N`` for a map cell, ``-`` where the configuration did not run."""
+    return "-" if pd.isna(accuracy) else f"{accuracy:.1f} {mark}".rstrip()
+
+
+def algorithm_section(table: pd.DataFrame) -> list[str]:
+    """Accuracy of each configuration with each PTQ algorithm (`algo`), when the runs vary it."""
+    quantized = table[table["quantized"]]
+    algos = sorted(quantized["algo"].unique(), key=lambda name: (name != "none", name))
+    if len(algos) < 2:
+        return []
+    setting = quantized["backend"] + " " + quantized["dtype"] + " " + quantized["calib"]
+    setting += np.where(quantized["per_channel"] == "true", " per-channel", " per-tensor")
+    grid = quantized.assign(setting=setting).drop_duplicates(["setting", "algo"])
+    accuracy = grid.pivot(index="setting", columns="algo", values="accuracy_pct").reindex(columns=algos)
+    rows = [[name, *(fmt_cell(value, "") for value in row)] for name, row in accuracy.iterrows()]
+    note = "Accuracy (%) of each configuration quantized after each algorithm (`-`: not run)."
+    return ["## PTQ algorithms", note, Table(["configuration", *algos], rows).markdown()]

@@ -20,6 +20,7 @@ RESULT_KEYS = (
     "backend",
     "dtype",
     "calib",
+    "algo",
     "per_channel",
     "reduce_range",
     "native_tolerance_points",
@@ -28,7 +29,17 @@ RESULT_KEYS = (
 )
 
 
-GROUP_CHOICES = ("backend", "dtype", "calib")
+GROUP_CHOICES = ("backend", "dtype", "calib", "algo")
+
+ADDED_DEFAULTS = {
+    "dtype.activation_bits": "8",
+    "dtype.weight_bits": "8",
+    "algo.steps": "[]",
+    "algo.adaround_iterations": "1000",
+    "algo.adaround_batch_size": "32",
+}
+"""Settings added after runs were tracked, at the value that gives the earlier result: left out of the hash
+at that value, so the earlier runs keep their config_hash and resumed sweeps still find them."""
 
 
 def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -48,7 +59,7 @@ def run_params(cfg: DictConfig) -> dict[str, Any]:
     params = flatten(OmegaConf.to_container(cfg, resolve=True))
     if HydraConfig.initialized():
         choices = HydraConfig.get().runtime.choices
-        params.update({group: choices[group] for group in ("backend", "dtype", "calib") if group in choices})
+        params.update({group: choices[group] for group in GROUP_CHOICES if group in choices})
     return params
 
 
@@ -62,6 +73,7 @@ def config_hash(params: Mapping[str, Any], identity: Mapping[str, str]) -> str:
         for key, value in params.items()
         if key not in GROUP_CHOICES and (key in RESULT_KEYS or key.startswith(prefixes))
     }
+    relevant = {key: value for key, value in relevant.items() if ADDED_DEFAULTS.get(key) != value}
     relevant.update(identity)
     return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]
 

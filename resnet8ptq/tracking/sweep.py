@@ -63,6 +63,15 @@ def tag_sweep_error(message: str) -> None:
             MlflowClient().set_tag(parent, "error", message[:5000])
 
 
+UNSUPPORTED_TAG_PREFIX = "unsupported."
+
+
+def tag_sweep_unsupported(job: str, message: str) -> None:
+    """Record on the sweep run that its backend refused a job's configuration (tag ``unsupported.<job>``)."""
+    if parent := current_sweep_run():
+        MlflowClient().set_tag(parent, f"{UNSUPPORTED_TAG_PREFIX}{job}", message[:5000])
+
+
 def sweep_lock(name: str) -> contextlib.AbstractContextManager:
     """A lock shared by the jobs of the current sweep on this machine (parallel launchers), else a no-op."""
     parent = current_sweep_run()

@@ -12,7 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 
 import resnet8ptq.config  # noqa: F401  (registers base_config)
 from resnet8ptq.backends.base import Backend
-from resnet8ptq.config import quant_spec
+from resnet8ptq.config import ConfigError, quant_spec
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 
@@ -99,3 +99,21 @@ def test_bad_values_are_rejected(override: str, message: str) -> None:
     group = "calib=percentile" if "percentile" in override else "calib=entropy"
     with pytest.raises(ValueError, match=message):
         quant_spec(composed(group, override))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["algo.steps=[rounding]"], r"algo.steps: unknown \['rounding'\]"),
+        (["algo.steps=[bias_correction,cle]"], "in the order cle, adaround, bias_correction"),
+        (["algo=adaround", "algo.adaround_iterations=0"], "expected positive numbers"),
+    ],
+)
+def test_bad_algorithms_are_refused_by_name(overrides: list[str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        quant_spec(composed(*overrides))
+
+
+def test_algo_group_choices() -> None:
+    assert composed("algo=cle_bias_correction").algo.steps == ["cle", "bias_correction"]
+    assert composed().algo.steps == []

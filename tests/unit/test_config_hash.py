@@ -26,6 +26,9 @@ def params(*overrides: str) -> dict:
         "backend=torch",
         "dtype=uint8",
         "dtype=u8s8",
+        "dtype=a16w8",
+        "dtype.weight_bits=4",
+        "dtype.activation_bits=6",
         "calib=entropy",
         "calib.symmetric=true",
         "calib.batch_size=50",
@@ -68,3 +71,9 @@ def test_config_hash_counts_the_content_of_a_group_not_its_label() -> None:
 @pytest.mark.parametrize("changed", [{"model": "fedcba9876543210"}, {"version.onnxruntime": "1.32.0"}])
 def test_config_hash_changes_with_the_model_and_the_libraries(changed: dict) -> None:
     assert config_hash(params(), IDENTITY | changed) != config_hash(params(), IDENTITY)
+
+
+def test_config_hash_of_8_bit_runs_is_the_one_before_bit_widths_existed() -> None:
+    """Runs tracked before `dtype.*_bits` existed are found again by a resumed sweep."""
+    before = {k: v for k, v in params().items() if not k.endswith("_bits")}
+    assert config_hash(before, IDENTITY) == config_hash(params(), IDENTITY)

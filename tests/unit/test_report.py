@@ -367,3 +367,39 @@ def test_report_failure_never_fails_the_sweep(monkeypatch, caplog) -> None:
     with caplog.at_level(logging.WARNING):
         app.write_report_safely("some-run-id", 5.0)
     assert "report exploded" in caplog.text
+
+
+def test_accuracy_map_of_a_bit_width_sweep(tmp_path: Path) -> None:
+    """Weight bits x activation bits per backend and granularity; cells say native/simulated; gaps are '-'."""
+    rows = [
+        {"backend": backend, "activation": "uint8", "weight": "int8", "activation_bits": a, "weight_bits": w,
+         "per_channel": "true", "calib": "minmax", "reduce_range": "false", "quantized": True,
+         "accuracy_pct": 80.0 + a + w / 10, "execution": "native" if a == 8 else "simulated"}
+        for backend, cells in (("onnx", [(8, 4), (8, 8)]), ("torch", [(6, 4), (8, 4), (8, 8)]))
+        for a, w in cells
+    ]  # fmt: skip
+    table = pd.DataFrame(rows)
+    report_ = sections.Report("t", [], table, table.iloc[:0], 5.0, tmp_path)
+    text = "\n\n".join(sections.accuracy_map_section(report_))
+    assert "**torch uint/int minmax per-channel** (accuracy %, N native / S simulated)" in text
+    torch_map = text[text.index("**torch") :]
+    assert "| 8 | - | 88.8 N |\n| 4 | 86.4 S | 88.4 N |" in torch_map  # weight bits down, activation across
+    assert "| 8 | 88.8 N |\n| 4 | 88.4 N |" in text  # onnx: 8-bit activations only
+    assert (tmp_path / figures.ACCURACY_MAP_PNG).stat().st_size > 10_000
+    one_width = table[(table["activation_bits"] == 8) & (table["weight_bits"] == 8)]
+    assert (
+        sections.accuracy_map_section(sections.Report("t", [], one_width, table.iloc[:0], 5.0, tmp_path))
+        == []
+    )
+
+
+def test_algorithm_table(tmp_path: Path) -> None:
+    rows = [
+        {"backend": "onnx", "dtype": "int8 a8w4", "calib": "minmax", "per_channel": "false", "algo": algo,
+         "quantized": True, "accuracy_pct": accuracy}
+        for algo, accuracy in (("none", 20.06), ("cle", 35.91), ("adaround", 81.73))
+    ]  # fmt: skip
+    text = "\n".join(sections.algorithm_section(pd.DataFrame(rows)))
+    assert "| configuration | none | adaround | cle |" in text
+    assert "| onnx int8 a8w4 minmax per-tensor | 20.1 | 81.7 | 35.9 |" in text
+    assert sections.algorithm_section(pd.DataFrame(rows[:1])) == []

@@ -18,12 +18,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnxruntime as ort
-from onnxruntime.quantization import (
-    QuantFormat,
-    QuantType,
-    create_calibrator,
-    quantize_static,
-)
+from onnxruntime.quantization import QuantFormat, create_calibrator, quantize_static
 from onnxruntime.quantization.calibrate import save_tensors_data
 from onnxruntime.quantization.registry import QDQRegistry, QLinearOpsRegistry
 
@@ -39,13 +34,15 @@ from resnet8ptq.backends.base import (
 )
 from resnet8ptq.backends.onnx import layer_errors
 from resnet8ptq.backends.onnx.reader import ImageReader, input_name
+from resnet8ptq.backends.onnx.widths import (
+    ONNX_DTYPE_NAMES,
+    QUANT_TYPES,
+    check_widths,
+    effective_bits,
+    extra_options,
+    weight_overrides,
+)
 from resnet8ptq.model import save_onnx
-
-ORT_TYPES = {"int8": QuantType.QInt8, "uint8": QuantType.QUInt8}
-
-
-ONNX_DTYPE_NAMES = {onnx.TensorProto.INT8: "int8", onnx.TensorProto.UINT8: "uint8"}
-
 
 NO_NATIVE = "native execution disabled (backend.native=false): the reference semantics only"
 
@@ -139,6 +136,9 @@ class OnnxRuntimeBackend(Backend):
     def load_fp32(self, onnx_path: Path, workdir: Path) -> Model:
         return Model(predict=predictor(session(onnx_path, self.threads)), path=onnx_path, onnx_path=onnx_path)
 
+    def check(self, spec: QuantSpec) -> None:
+        check_widths(spec.dtype)
+
     def quantize(
         self, onnx_path: Path, calibration_images: np.ndarray, spec: QuantSpec, workdir: Path
     ) -> QuantizedModel:
@@ -174,17 +174,22 @@ class OnnxRuntimeBackend(Backend):
             calibration_cache_path=ranges_path,
             calibrate_method=spec.calib.ort_method(),
             quant_format=QuantFormat.QDQ,
-            activation_type=ORT_TYPES[spec.dtype.activation],
-            weight_type=ORT_TYPES[spec.dtype.weight],
+            activation_type=QUANT_TYPES[spec.dtype.storage[0]],
+            weight_type=QUANT_TYPES[spec.dtype.weight],
             per_channel=spec.per_channel,
             reduce_range=spec.reduce_range,
             op_types_to_quantize=OP_TYPES,
+            extra_options={
+                **extra_options(spec.dtype),
+                "TensorQuantOverrides": weight_overrides(onnx.load(onnx_path), spec),
+            },
         )
         quantized = onnx.load(out)
         save_onnx(quantized, out)
         quantize_seconds = time.perf_counter() - start
 
         activation_dtype, weight_dtype = effective_types(quantized)
+        activation_bits, weight_bits = effective_bits(quantized)
         ranges = [
             TensorRange(name, float(np.min(data.range_value[0])), float(np.max(data.range_value[1])))
             for name, data in sorted(tensors_range.data.items())
@@ -196,6 +201,8 @@ class OnnxRuntimeBackend(Backend):
             runtime=self._runtime(out, workdir) if self.native else Runtime(reference, False, NO_NATIVE),
             activation_dtype=activation_dtype,
             weight_dtype=weight_dtype,
+            activation_bits=activation_bits,
+            weight_bits=weight_bits,
             ranges=ranges,
             calib_seconds=calib_seconds,
             quantize_seconds=quantize_seconds,

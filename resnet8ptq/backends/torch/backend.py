@@ -44,6 +44,7 @@ from resnet8ptq.backends.torch.observers import split_shared_observers
 from resnet8ptq.backends.torch.program import (
     check_quantized,
     drop_unused_attributes,
+    effective_bits,
     effective_dtypes,
     fold_weight_dequantize,
     payload_bytes,
@@ -103,6 +104,7 @@ class TorchBackend(Backend):
         program = save_program(export(converted, example), path)
         counts = check_quantized(program)
         activation_dtype, weight_dtype = effective_dtypes(program)
+        activation_bits, weight_bits = effective_bits(program)
         quantize_seconds = time.perf_counter() - start - calib_seconds  # as in ORT: calibration apart
 
         reference_module = program.module()
@@ -117,6 +119,8 @@ class TorchBackend(Backend):
             runtime=runtime,
             activation_dtype=activation_dtype,
             weight_dtype=weight_dtype,
+            activation_bits=activation_bits,
+            weight_bits=weight_bits,
             ranges=ranges,
             calib_seconds=calib_seconds,
             quantize_seconds=quantize_seconds,

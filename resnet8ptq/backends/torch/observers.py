@@ -12,37 +12,22 @@ from torchao.quantization.pt2e.observer import UniformQuantizationObserverBase
 
 from resnet8ptq.calibration import CalibConfig, RangeCollector
 
-TORCH_DTYPES = {"int8": torch.int8, "uint8": torch.uint8}
-
-
-def _ort_qrange(
-    dtype: torch.dtype, symmetric: bool, reduce_range: bool = False
-) -> tuple[np.ndarray, np.ndarray]:
-    """ORT's (qmin, qmax) for a dtype: int8 symmetric is [-127, 127], otherwise the full range; with
-    ``reduce_range`` one bit less (int8 [-64, 64], uint8 [0, 127]), as ORT quantizes weights then."""
-    from onnx import TensorProto
-    from onnxruntime.quantization.quant_utils import get_qmin_qmax_for_qType
-
-    qtype = TensorProto.INT8 if dtype == torch.int8 else TensorProto.UINT8
-    return get_qmin_qmax_for_qType(qtype, reduce_range=reduce_range, symmetric=symmetric)
-
-
-def ort_weight_symmetric(dtype: torch.dtype, per_channel: bool) -> bool:
-    """ORT's weight symmetry in QDQ models: symmetric for signed types (``WeightSymmetric``'s default) and
-    for every per-channel weight (QLinear ops need one zero point in all channels), so only per-tensor uint8
-    weights are asymmetric."""
-    return dtype == torch.int8 or per_channel
+TORCH_DTYPES = {"int8": torch.int8, "uint8": torch.uint8, "int16": torch.int16, "uint16": torch.uint16}
+"""The storage types of :attr:`resnet8ptq.dtype.DtypeConfig.storage`."""
 
 
 def ort_scale_zero_point(
-    rmin: float, rmax: float, dtype: torch.dtype, symmetric: bool, reduce_range: bool = False
+    rmin: float, rmax: float, qmin: int, qmax: int, symmetric: bool
 ) -> tuple[float, int]:
     """Scale and zero point exactly as ORT's ``compute_scale_zp`` (the range is extended to include 0)."""
     from onnxruntime.quantization.quant_utils import compute_scale_zp
 
-    qmin, qmax = _ort_qrange(dtype, symmetric, reduce_range)
     zero_point, scale = compute_scale_zp(
-        np.array(rmin, np.float32), np.array(rmax, np.float32), qmin, qmax, symmetric
+        np.array(rmin, np.float32),
+        np.array(rmax, np.float32),
+        np.array(qmin, np.int32),
+        np.array(qmax, np.int32),
+        symmetric,
     )
     return float(scale), int(zero_point)
 
@@ -50,9 +35,11 @@ def ort_scale_zero_point(
 class OrtActivationObserver(UniformQuantizationObserverBase):
     """Per-tensor affine activation observer whose range is computed by :class:`RangeCollector`."""
 
-    def __init__(self, calib: CalibConfig, dtype: torch.dtype = torch.uint8, **kwargs: Any) -> None:
-        qmin, qmax = _ort_qrange(dtype, symmetric=False)  # ORT: ActivationSymmetric defaults to False
-        kwargs.update(quant_min=int(qmin), quant_max=int(qmax), qscheme=torch.per_tensor_affine)
+    def __init__(
+        self, calib: CalibConfig, dtype: torch.dtype, quant_min: int, quant_max: int, **kwargs: Any
+    ) -> None:
+        # The range: DtypeConfig.activation_range (asymmetric, as ORT's ActivationSymmetric default).
+        kwargs.update(quant_min=quant_min, quant_max=quant_max, qscheme=torch.per_tensor_affine)
         kwargs.pop("ch_axis", None)
         super().__init__(dtype=dtype, **kwargs)
         self.collector = RangeCollector(calib)
@@ -70,31 +57,32 @@ class OrtActivationObserver(UniformQuantizationObserverBase):
         return self._range
 
     def calculate_qparams(self) -> tuple[torch.Tensor, torch.Tensor]:
-        scale, zero_point = ort_scale_zero_point(*self.compute_range(), self.dtype, symmetric=False)
+        scale, zero_point = ort_scale_zero_point(
+            *self.compute_range(), self.quant_min, self.quant_max, symmetric=False
+        )
         return torch.tensor([scale], dtype=torch.float32), torch.tensor([zero_point], dtype=torch.int64)
 
 
 class OrtWeightObserver(UniformQuantizationObserverBase):
-    """Weight min/max observer, per tensor or per channel (``ch_axis``), with ORT's symmetry rule and
-    ``reduce_range``."""
+    """Weight min/max observer, per tensor or per channel (``ch_axis``), with ORT's symmetry rule; the
+    integer range (any width, ``reduce_range``) comes from :meth:`DtypeConfig.weight_range`."""
 
     def __init__(
         self,
-        dtype: torch.dtype = torch.int8,
+        dtype: torch.dtype,
+        quant_min: int,
+        quant_max: int,
+        symmetric: bool,
         per_channel: bool = False,
         ch_axis: int = 0,
-        reduce_range: bool = False,
         **kwargs: Any,
     ) -> None:
-        symmetric = ort_weight_symmetric(dtype, per_channel)
-        qmin, qmax = _ort_qrange(dtype, symmetric, reduce_range)
-        kwargs.update(quant_min=int(qmin), quant_max=int(qmax))
+        kwargs.update(quant_min=quant_min, quant_max=quant_max)
         # Per-tensor weights are stored as per-channel vectors repeating one scale/zero point: the same
         # numbers, in the form inductor's x86 int8 conv/linear lowering matches (it needs per-channel ops).
         kwargs["qscheme"] = torch.per_channel_symmetric if symmetric else torch.per_channel_affine
         super().__init__(dtype=dtype, **kwargs)
         self.symmetric = symmetric
-        self.reduce_range = reduce_range
         self.per_channel = per_channel
         self.ch_axis = ch_axis
         self.min_val: torch.Tensor | None = None
@@ -114,7 +102,7 @@ class OrtWeightObserver(UniformQuantizationObserverBase):
         if self.min_val is None or self.max_val is None:
             raise RuntimeError("The weight observer never saw its weight; run calibration first.")
         pairs = [
-            ort_scale_zero_point(lo, hi, self.dtype, self.symmetric, self.reduce_range)
+            ort_scale_zero_point(lo, hi, self.quant_min, self.quant_max, self.symmetric)
             for lo, hi in zip(self.min_val.tolist(), self.max_val.tolist(), strict=True)
         ]
         scales = torch.tensor([p[0] for p in pairs], dtype=torch.float32)

@@ -9,6 +9,7 @@ import torch
 from torch import fx
 
 from resnet8ptq.backends.torch.convert import get_attr
+from resnet8ptq.dtype import bits_used
 
 
 def drop_unused_attributes(gm: fx.GraphModule) -> int:
@@ -93,6 +94,20 @@ def effective_dtypes(program: torch.export.ExportedProgram) -> tuple[str, str]:
     if len(act) != 1 or len(weight) != 1:
         raise RuntimeError(f"Expected one activation and one weight dtype, found {act} and {weight}.")
     return act.pop(), weight.pop()
+
+
+def effective_bits(program: torch.export.ExportedProgram) -> tuple[int, int]:
+    """(activation bits, weight bits) read from the program: activations, the bits of the integer range every
+    runtime ``quantize_per_tensor`` clamps to (its quant_min/quant_max); weights, the fewest bits that hold
+    every stored weight integer. Raises unless the activations have one width."""
+    ranges = {(n.args[3], n.args[4]) for n in program.graph.nodes if qdq_op(n) == "quantize_per_tensor"}
+    activation = {bits_used(low, high, signed=low < 0) for low, high in ranges}
+    if len(activation) != 1:
+        raise RuntimeError(f"Expected one activation width, found the integer ranges {sorted(ranges)}.")
+    weights = quantized_weights(program)
+    low = min(int(w.min()) for w in weights)
+    high = max(int(w.max()) for w in weights)
+    return activation.pop(), bits_used(min(low, 0), max(high, 0), signed=weights[0].dtype.is_signed)
 
 
 def payload_bytes(program: torch.export.ExportedProgram) -> int:

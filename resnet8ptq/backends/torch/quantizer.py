@@ -16,8 +16,6 @@ from resnet8ptq.backends.torch.observers import (
     TORCH_DTYPES,
     OrtActivationObserver,
     OrtWeightObserver,
-    _ort_qrange,
-    ort_weight_symmetric,
 )
 from resnet8ptq.backends.torch.private_api import QUANT_ANNOTATION_KEY, x86_annotation
 from resnet8ptq.backends.torch.program import is_zero_pad
@@ -25,28 +23,29 @@ from resnet8ptq.calibration import CalibConfig, batches
 
 
 def quantization_config(spec: QuantSpec) -> QuantizationConfig:
-    """A QuantizationConfig for X86InductorQuantizer: ORT-style observers in the requested dtypes."""
-    act_dtype, weight_dtype = TORCH_DTYPES[spec.dtype.activation], TORCH_DTYPES[spec.dtype.weight]
-    qmin, qmax = _ort_qrange(act_dtype, symmetric=False)
+    """A QuantizationConfig for X86InductorQuantizer: ORT-style observers, the spec's types and widths."""
+    act_storage, weight_storage = spec.dtype.storage
+    act_dtype, weight_dtype = TORCH_DTYPES[act_storage], TORCH_DTYPES[weight_storage]
+    qmin, qmax = spec.dtype.activation_range()
     activation = QuantizationSpec(
         dtype=act_dtype,
-        quant_min=int(qmin),
-        quant_max=int(qmax),
+        quant_min=qmin,
+        quant_max=qmax,
         qscheme=torch.per_tensor_affine,
         observer_or_fake_quant_ctr=OrtActivationObserver.with_args(calib=spec.calib),
     )
-    symmetric = ort_weight_symmetric(weight_dtype, spec.per_channel)
-    wmin, wmax = _ort_qrange(weight_dtype, symmetric, spec.reduce_range)
+    symmetric = spec.dtype.weight_symmetric(spec.per_channel)
+    wmin, wmax = spec.dtype.weight_range(symmetric, spec.reduce_range)
     # X86InductorQuantizer accepts only *symmetric* weight qschemes in the spec; the observer sets the
     # effective one (affine for per-tensor uint8, as ORT does), and convert_pt2e reads it from the observer.
     weight = QuantizationSpec(
         dtype=weight_dtype,
-        quant_min=int(wmin),
-        quant_max=int(wmax),
+        quant_min=wmin,
+        quant_max=wmax,
         qscheme=torch.per_channel_symmetric if spec.per_channel else torch.per_tensor_symmetric,
         ch_axis=0 if spec.per_channel else None,
         observer_or_fake_quant_ctr=OrtWeightObserver.with_args(
-            per_channel=spec.per_channel, ch_axis=0, reduce_range=spec.reduce_range
+            symmetric=symmetric, per_channel=spec.per_channel, ch_axis=0
         ),
     )
     return QuantizationConfig(activation, activation, weight, None, is_qat=False)

@@ -1,0 +1,96 @@
+"""AdaRound (Nagel et al., Up or Down? Adaptive Rounding for Post-Training Quantization, arXiv:2004.10568).
+
+Each conv/gemm weight is put on the grid the backends will use (:mod:`resnet8ptq.weight_grid`), but instead
+of rounding to nearest, every element learns whether to round up or down so that the layer's output on the
+calibration sample changes least: a rectified-sigmoid soft rounding h(V) is fitted with Adam to minimise
+||W x - W~ x||^2 plus a regulariser that anneals h towards 0 or 1 (the paper's section 4 and appendix;
+beta from 20 to 2, lambda 0.01, the first 20% of iterations without it). Layer inputs come from the FP32
+model. The result is written back as float weights that lie exactly on the grid; the elements that define
+each channel's range sit on its ends whatever the rounding, so the backends recompute the same scales and
+store exactly the learned integers.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+
+from resnet8ptq.algorithms.bias_correction import layer_inputs
+from resnet8ptq.algorithms.graph import set_initializer
+from resnet8ptq.backends.base import QuantSpec
+from resnet8ptq.weight_grid import channel_axis, quantized_weights, weight_grid
+
+ZETA, GAMMA = 1.1, -0.1  # rectified sigmoid stretch (paper, eq. 23)
+
+
+def adaround(
+    model: onnx.ModelProto, images: np.ndarray, spec: QuantSpec, iterations: int, batch: int, seed: int
+) -> dict[str, float]:
+    """Round every conv/gemm weight adaptively, in place; returns per layer the fraction of elements
+    rounded differently from round-to-nearest."""
+    import torch
+
+    torch.manual_seed(seed)
+    weights = quantized_weights(model)
+    nodes = [node for node, _ in weights.values()]
+    inputs = layer_inputs(model, nodes, images)
+    inits = {init.name: init for init in model.graph.initializer}
+    flipped = {}
+    for node in nodes:
+        weight = weights[node.input[1]][1]
+        grid = weight_grid(weight, channel_axis(node), spec)
+        integers = _fit(node, weight, grid, inputs[node.input[0]], iterations, batch)
+        flipped[node.name] = float(np.mean(integers != grid.quantize(weight)))
+        set_initializer(inits[node.input[1]], grid.dequantize(integers))
+    return flipped
+
+
+def _fit(node, weight, grid, x: np.ndarray, iterations: int, batch: int) -> np.ndarray:
+    """The learned integers of one layer's weight."""
+    import torch
+    import torch.nn.functional as F
+
+    shape = [1] * weight.ndim
+    shape[grid.axis] = -1
+    scale = torch.from_numpy(grid.scale).reshape(shape)
+    zero_point = torch.from_numpy(grid.zero_point.astype(np.float32)).reshape(shape)
+    w = torch.from_numpy(weight)
+    floor = torch.floor(w / scale)
+    rest = w / scale - floor  # in [0, 1): the rounding AdaRound decides
+    v = torch.nn.Parameter(-torch.log((ZETA - GAMMA) / (rest.clamp(0.01, 0.99) - GAMMA) - 1))  # h(v) = rest
+    data = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))
+    if node.op_type == "Conv":
+        attributes = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        top, left, bottom, right = attributes.get("pads", [0, 0, 0, 0])
+        stride = attributes.get("strides", [1, 1])
+
+        def layer(inputs: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor:
+            return F.conv2d(F.pad(inputs, (left, right, top, bottom)), kernel, stride=stride)
+    else:
+        trans_b = next((a.i for a in node.attribute if a.name == "transB"), 0)
+
+        def layer(inputs: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor:
+            return inputs.reshape(len(inputs), -1) @ (kernel.T if trans_b else kernel)
+
+    def soft(v: torch.Tensor) -> torch.Tensor:
+        return torch.clamp(torch.sigmoid(v) * (ZETA - GAMMA) + GAMMA, 0, 1)
+
+    def on_grid(rounding: torch.Tensor) -> torch.Tensor:
+        return (torch.clamp(floor + rounding + zero_point, grid.qmin, grid.qmax) - zero_point) * scale
+
+    optimizer = torch.optim.Adam([v], lr=1e-2)
+    warm_up = int(0.2 * iterations)
+    for step in range(iterations):
+        sample = data[torch.randint(len(data), (batch,))]
+        with torch.no_grad():
+            target = layer(sample, w)
+        loss = F.mse_loss(layer(sample, on_grid(soft(v))), target)
+        if step >= warm_up:
+            beta = 20 + (2 - 20) * (step - warm_up) / max(iterations - warm_up, 1)
+            loss = loss + 0.01 * (1 - (2 * soft(v) - 1).abs().pow(beta)).sum()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    with torch.no_grad():
+        hard = (soft(v) >= 0.5).float()
+        return torch.clamp(floor + hard + zero_point, grid.qmin, grid.qmax).numpy().astype(np.int32)

@@ -1,0 +1,135 @@
+"""Bit widths on the real model and data: each backend runs a width exactly (read back from the saved model)
+or refuses it by name; a sweep skips what a backend refuses and records why; both backends agree."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from mlflow.tracking import MlflowClient
+from onnx import numpy_helper
+
+from resnet8ptq.backends.base import QuantizedModel, QuantSpec, Unsupported
+from resnet8ptq.backends.onnx.backend import OnnxRuntimeBackend
+from resnet8ptq.backends.torch.backend import TorchBackend
+from resnet8ptq.calibration import CalibConfig
+from resnet8ptq.data import Cifar10, calibration_set, to_model_input
+from resnet8ptq.dtype import DtypeConfig
+from resnet8ptq.execution import QuantizedResult, evaluate_quantized
+from resnet8ptq.model import CanonicalModel
+
+FP32 = 0.8719
+CONFIGS = {
+    "w4-pc": QuantSpec(DtypeConfig("uint8", "int8", weight_bits=4), CalibConfig("minmax"), per_channel=True),
+    "a16w8": QuantSpec(DtypeConfig("uint8", "int8", activation_bits=16), CalibConfig("minmax")),
+}
+BACKENDS = {"onnx": OnnxRuntimeBackend, "torch": TorchBackend}
+
+
+@pytest.fixture(scope="module")
+def quantized(
+    canonical_model: CanonicalModel, cifar: Cifar10, tmp_path_factory: pytest.TempPathFactory
+) -> dict[tuple[str, str], tuple[QuantizedModel, QuantizedResult]]:
+    """Each backend's model for each width configuration, evaluated on the full test set."""
+    calibration, _ = calibration_set(cifar, 100, 42)
+    images, labels = to_model_input(cifar.test_images), cifar.test_labels
+    results = {}
+    for backend_name, backend_class in BACKENDS.items():
+        backend = backend_class()
+        for config, spec in CONFIGS.items():
+            workdir = tmp_path_factory.mktemp(f"{backend_name}-{config}")
+            model = backend.quantize(canonical_model.onnx_path, calibration, spec, workdir)
+            results[backend_name, config] = model, evaluate_quantized(model, images, labels, config, 0.3)
+    return results
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_widths_are_read_back_from_the_saved_model(quantized, backend: str) -> None:
+    narrow, _ = quantized[backend, "w4-pc"]
+    assert (narrow.activation_dtype, narrow.weight_dtype) == ("uint8", "int8")
+    assert (narrow.activation_bits, narrow.weight_bits) == (8, 4)
+    wide, _ = quantized[backend, "a16w8"]
+    assert (wide.activation_dtype, wide.weight_dtype, wide.activation_bits, wide.weight_bits) == (
+        "uint16",
+        "int8",
+        16,
+        8,
+    )
+
+
+def test_onnx_4_bit_weights_hold_only_4_bit_integers(quantized) -> None:
+    model, _ = quantized["onnx", "w4-pc"]
+    weights = [
+        numpy_helper.to_array(init)
+        for init in onnx.load(model.path).graph.initializer
+        if init.name.endswith("_quantized") and init.dims and len(init.dims) >= 2
+    ]
+    assert len(weights) == 10  # 9 conv + 1 dense
+    assert all(w.dtype == np.int8 and w.min() >= -7 and w.max() <= 7 for w in weights)
+    assert sum(int(np.abs(w).max() == 7) for w in weights) == 10  # every layer's range reaches its end
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+def test_backends_agree_at_every_width(quantized, config: str) -> None:
+    """The same observers and integer ranges in both backends: the same accuracy within 0.5 points."""
+    onnx_accuracy = quantized["onnx", config][1].reference.accuracy
+    torch_accuracy = quantized["torch", config][1].reference.accuracy
+    assert abs(onnx_accuracy - torch_accuracy) <= 0.005, (onnx_accuracy, torch_accuracy)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_16_bit_activations_are_near_lossless_and_simulated(quantized, backend: str) -> None:
+    _, result = quantized[backend, "a16w8"]
+    assert FP32 - result.reference.accuracy <= 0.01
+    assert result.verdict.execution == "simulated"  # no 16-bit integer kernels on x86 CPUs
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_4_bit_weights_lose_accuracy_without_an_algorithm(quantized, backend: str) -> None:
+    """Min-max 4-bit weights: far below FP32 (measured ~0.56) but far above chance."""
+    accuracy = quantized[backend, "w4-pc"][1].reference.accuracy
+    assert 0.3 < accuracy < FP32 - 0.1
+
+
+def test_onnx_refuses_activations_it_cannot_hold() -> None:
+    spec = QuantSpec(DtypeConfig("uint8", "int8", activation_bits=6), CalibConfig(method="minmax"))
+    with pytest.raises(Unsupported, match=r"dtype\.activation_bits=6: .* runs 8 or 16 only"):
+        OnnxRuntimeBackend().check(spec)
+    TorchBackend().check(spec)  # PT2E takes any quant_min/quant_max
+
+
+def test_sweep_skips_what_a_backend_refuses_and_records_why(  # and records widths and the algorithm
+    run_cli, tmp_path: Path, initialised_store: Path
+) -> None:
+    shutil.copy(initialised_store, tmp_path / "mlflow.db")
+    result = run_cli(
+        tmp_path,
+        "-m",
+        "backend=onnx,torch",
+        "dtype=int8",
+        "dtype.activation_bits=6",
+        "dtype.weight_bits=5",
+        "algo=cle",
+        "report.enabled=false",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Skipped backend=onnx" in result.stdout + result.stderr
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("resnet8ptq").experiment_id])
+    (parent,) = (r for r in runs if r.data.tags.get("sweep") == "true")
+    (child,) = (r for r in runs if r.data.tags.get("quantized") == "true")
+    assert parent.info.status == child.info.status == "FINISHED"
+    refusals = {k: v for k, v in parent.data.tags.items() if k.startswith("unsupported.")}
+    assert list(refusals.values()) == [
+        "backend=onnx cannot run dtype.activation_bits=6: ONNX Runtime's QuantizeLinear saturates at its "
+        "type's bounds (8 or 16 bits), so it runs 8 or 16 only (backend=torch runs 4..8)."
+    ]
+    assert child.info.run_name == "torch-int6-int5-minmax-pt-cle"
+    assert child.data.tags["algo"] == "cle" and child.data.tags["algo.cle_pairs"].count(" -> ") == 3
+    assert child.data.metrics["algo_seconds"] > 0
+    assert (child.data.tags["dtype.activation_bits"], child.data.tags["dtype.weight_bits"]) == ("6", "5")
+    assert (child.data.params["dtype.activation_bits"], child.data.params["dtype.weight_bits"]) == ("6", "5")
+    assert 0.1 < child.data.metrics["accuracy"] < FP32
