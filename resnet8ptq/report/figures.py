@@ -105,7 +105,7 @@ def accuracy_map_png(maps: dict[str, pd.DataFrame], kinds: dict[str, pd.DataFram
                 color = "black" if value > (low + high) / 2 else "white"
                 ax.text(col, row, f"{value:.1f}\n{kind}", ha="center", va="center", fontsize=7, color=color)
     fig.colorbar(image, ax=axes.ravel().tolist(), fraction=0.03, label="accuracy (%)")
-    fig.suptitle("Accuracy by bit width (N: integer kernels matched the reference, S: simulated)", y=1.03)
+    fig.suptitle("Accuracy by bit width (N native, N! native-mismatch, S simulated; grey: not run)", y=1.03)
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return path

@@ -276,33 +276,38 @@ def nothing_to_report_message(report: Report) -> str:
 
 
 EXECUTION_MARK = {"native": "N", "native-mismatch": "N!", "simulated": "S"}
+MARK_LEGEND = "N native, N! native-mismatch, S simulated, - not run"
 
 
 def accuracy_map_section(report: Report) -> list[str]:
     """Accuracy over weight bits x activation bits, per backend, dtype and granularity, when the runs vary
-    the widths: a heatmap and, per panel, a table."""
+    the widths: a heatmap and, per panel, a table; every panel spans every width any run had."""
     table = report.table[report.table["quantized"]]
     if table[["activation_bits", "weight_bits"]].drop_duplicates().shape[0] < 2:
         return []
-    maps, kinds, section = {}, {}, ["## Accuracy by bit width"]
     kind = {role: table[role].str.extract(r"^(u?int)", expand=False) for role in ("activation", "weight")}
     signedness = (kind["activation"] + "/" + kind["weight"]).rename("types")
+    grid = {
+        "index": pd.Index(sorted(table["weight_bits"].unique()), name="weight_bits"),
+        "columns": pd.Index(sorted(table["activation_bits"].unique()), name="activation_bits"),
+    }
+    maps, kinds, section = {}, {}, ["## Accuracy by bit width"]
     for (backend, types, per_channel, calib, reduced), group in table.groupby(
         ["backend", signedness, "per_channel", "calib", "reduce_range"], sort=True
     ):
         granularity = "per-channel" if per_channel == "true" else "per-tensor"
         title = f"{backend} {types} {calib} {granularity}" + (" reduce-range" if reduced == "true" else "")
-        group = group.drop_duplicates(["activation_bits", "weight_bits"])
-        grid = {"index": "weight_bits", "columns": "activation_bits"}
-        maps[title] = group.pivot(**grid, values="accuracy_pct").sort_index().sort_index(axis=1)
-        marks = group.assign(mark=group["execution"].map(EXECUTION_MARK).fillna("?"))
-        kinds[title] = marks.pivot(**grid, values="mark").reindex_like(maps[title])
-        headers = ["weight bits \\ activation bits", *map(str, maps[title].columns)]
+        cells = group.drop_duplicates(["activation_bits", "weight_bits"]).set_index(
+            ["weight_bits", "activation_bits"]
+        )
+        maps[title] = cells["accuracy_pct"].unstack().reindex(**grid)
+        kinds[title] = cells["execution"].map(EXECUTION_MARK).fillna("?").unstack().reindex(**grid)
+        headers = ["weight bits \\ activation bits", *map(str, grid["columns"])]
         rows = [
             [str(bits), *(fmt_cell(acc, kinds[title].at[bits, col]) for col, acc in row.items())]
             for bits, row in maps[title].iloc[::-1].iterrows()
         ]
-        section += [f"**{title}** (accuracy %, N native / S simulated)", Table(headers, rows).markdown()]
+        section += [f"**{title}** (accuracy %; {MARK_LEGEND})", Table(headers, rows).markdown()]
     path = accuracy_map_png(maps, kinds, report.out_dir / ACCURACY_MAP_PNG)
     return [*section[:1], report.image(path, "accuracy by weight and activation bits"), *section[1:]]
 
