@@ -1,4 +1,5 @@
-"""Checksummed, atomic downloads with a progress bar, and file hashing."""
+"""Checksummed, atomic downloads with a progress bar, published files found locally or downloaded, and file
+hashing."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from pathlib import Path
 from tqdm import tqdm
 
 CHUNK_BYTES = 1 << 20
+ASSETS_ENV = "RESNET8PTQ_ASSETS"
+"""A directory holding local copies: ``cifar-10-batches-bin/`` and ``models/<published file>``."""
 
 
 class FetchError(RuntimeError):
@@ -57,3 +60,19 @@ def download(url: str, dest: Path, *, expected: str, algorithm: str = "sha256", 
     finally:
         tmp.unlink(missing_ok=True)
     return dest
+
+
+def published_file(filename: str, url: str, sha256: str, cache_dir: Path, what: str) -> Path:
+    """A published file: ``$RESNET8PTQ_ASSETS/models/<filename>`` when present, else the copy in
+    ``<cache_dir>/models/``, downloaded from ``url`` (sha256-checked, atomically) when absent.
+
+    The caller checks a local copy's sha256 (a download is checked here). Raises :class:`FetchError`.
+    """
+    assets = os.environ.get(ASSETS_ENV)
+    local = Path(assets).expanduser().resolve() / "models" / filename if assets else None
+    if local is not None and local.is_file():
+        return local
+    cached = cache_dir / "models" / filename
+    if not cached.is_file():
+        download(url, cached, expected=sha256, what=what)
+    return cached

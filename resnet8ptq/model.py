@@ -13,7 +13,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from resnet8ptq.fetch import FetchError, download, sha256_of
+from resnet8ptq.fetch import ASSETS_ENV, FetchError, published_file, sha256_of
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +25,6 @@ MODEL_URL = (
 )
 MODEL_FILENAME = "pretrainedResnet.h5"
 MODEL_SHA256 = "5f938a8eea605438cc7360aa13c987bc6d7bd0c8d931b2917361ae7ae4eeda2f"
-ASSETS_ENV = "RESNET8PTQ_ASSETS"
 INPUT_NAME = "input"
 ONNX_OPSET = 17
 # onnxruntime 1.31 refuses models whose IR version is newer than it knows; onnx >= 1.23 writes newer ones.
@@ -59,20 +58,13 @@ def resolve_h5(path: str | Path | None, sha256: str | None, cache_dir: Path) -> 
         if not h5.is_file():
             raise ModelError(f"model.path={h5} does not exist. Point model.path at a Keras .h5 file.")
     else:
-        assets = os.environ.get(ASSETS_ENV)
-        local = Path(assets).expanduser().resolve() / "models" / MODEL_FILENAME if assets else None
-        if local is not None and local.is_file():
-            h5 = local
-        else:
-            h5 = cache_dir / "models" / MODEL_FILENAME
-            if not h5.is_file():
-                try:
-                    download(MODEL_URL, h5, expected=MODEL_SHA256, what="MLPerf Tiny ResNet8")
-                except FetchError as err:
-                    raise ModelError(
-                        f"{err}\nNo local model found: set model.path to a Keras .h5 file, or set "
-                        f"{ASSETS_ENV} to a directory holding models/{MODEL_FILENAME}."
-                    ) from err
+        try:
+            h5 = published_file(MODEL_FILENAME, MODEL_URL, MODEL_SHA256, cache_dir, "MLPerf Tiny ResNet8")
+        except FetchError as err:
+            raise ModelError(
+                f"{err}\nNo local model found: set model.path to a Keras .h5 file, or set "
+                f"{ASSETS_ENV} to a directory holding models/{MODEL_FILENAME}."
+            ) from err
     actual = sha256_of(h5)
     if sha256 is not None and actual != sha256:
         raise ModelError(
@@ -137,22 +129,28 @@ def canonical_onnx(h5: Path, h5_sha256: str, cache_dir: Path) -> CanonicalModel:
 
 
 def _keras_to_onnx(h5: Path, out: Path) -> None:
-    """tf2onnx conversion in a child process: TensorFlow never shares a process with the runner (in one
-    process with PyTorch it crashed the PyTorch backend), and it stays out of every run's imports."""
+    """tf2onnx conversion in a child process (:func:`tensorflow_child`)."""
+    failure = tensorflow_child("resnet8ptq.model", str(h5), str(out))
+    if failure is not None or not out.is_file():
+        raise ModelError(f"Converting {h5} to ONNX failed: {failure or 'no output'}")
+
+
+def tensorflow_child(module: str, *args: str) -> str | None:
+    """Run ``python -m <module> ARGS`` in a child process, for work that imports TensorFlow: TensorFlow never
+    shares a process with the runner (in one process with PyTorch it crashed the PyTorch backend), and it
+    stays out of every run's imports. Returns None on success, else the child's last stderr line."""
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join(filter(None, [str(PACKAGE_ROOT), os.environ.get("PYTHONPATH")])),
+        "TF_CPP_MIN_LOG_LEVEL": "2",
     }
     result = subprocess.run(
-        [sys.executable, "-m", "resnet8ptq.model", str(h5), str(out)],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
+        [sys.executable, "-m", module, *args], env=env, capture_output=True, text=True, check=False
     )
-    if result.returncode != 0 or not out.is_file():
-        lines = [line for line in result.stderr.splitlines() if line.strip()]
-        raise ModelError(f"Converting {h5} to ONNX failed: {lines[-1] if lines else 'no output'}")
+    if result.returncode == 0:
+        return None
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    return lines[-1] if lines else f"exit status {result.returncode}, no output"
 
 
 def keras_to_onnx_in_this_process(h5: Path, out: Path) -> None:

@@ -2,13 +2,15 @@
 
 A backend is a package ``resnet8ptq/backends/<name>/`` with ``config.py`` (a :class:`BackendConfig` subclass,
 registered in Hydra's ConfigStore as ``<name>_schema``) and a :class:`Backend` subclass that
-``conf/backend/<name>.yaml`` names as its ``_target_``.
+``conf/backend/<name>.yaml`` names as its ``_target_``. It starts from the canonical FP32 ONNX model, or from
+the Keras .h5 when its converter reads Keras itself (:attr:`Backend.SOURCE`).
 """
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -84,13 +86,25 @@ class LayerError:
     sqnr_db: float
 
 
+def sqnr_db(signal_sq: float, noise_sq: float) -> float:
+    """ORT's ``compute_signal_to_quantization_noice_ratio`` from sums of squares accumulated batch by batch
+    (memory stays flat): 20·log10(‖x‖ / ‖x - y‖), each norm floored at float64 eps, so identical tensors
+    give a large finite value (~300 dB and up) rather than infinity."""
+    eps = float(np.finfo(float).eps)
+    return 20 * math.log10(max(math.sqrt(signal_sq), eps) / max(math.sqrt(noise_sq), eps))
+
+
+ONNX_SOURCE = "onnx"
+KERAS_SOURCE = "keras"
+
+
 @dataclass
 class Model:
     """A runnable model and the file it was saved to (its size is the model size)."""
 
     predict: Predictor
     path: Path
-    onnx_path: Path  # the canonical FP32 ONNX model it was built from (layer names, the float reference)
+    source_path: Path  # the FP32 file it was built from: the canonical ONNX model (layer names) or the .h5
 
 
 @dataclass(frozen=True)
@@ -124,6 +138,10 @@ class Backend(ABC):
     """A quantization library, instantiated from its config (``_target_``) with the run's thread count."""
 
     NAME: ClassVar[str]
+    SOURCE: ClassVar[str] = ONNX_SOURCE
+    """The FP32 file ``load_fp32`` and ``quantize`` take: the canonical ONNX model (``"onnx"``; the `algo`
+    steps transform it, so the backend inherits them) or the Keras .h5 it is converted from (``"keras"``, for
+    a converter that reads Keras itself: no `algo` step reaches it)."""
 
     def __init__(self, native: bool = True, threads: int | None = None) -> None:
         """``native``: also build the runtime's integer-kernel form where it has one (False: reference only).
@@ -134,16 +152,33 @@ class Backend(ABC):
     def check(self, spec: QuantSpec) -> None:  # noqa: B027 (optional hook: most backends run every spec)
         """Raise :class:`Unsupported` if this backend cannot run ``spec`` exactly (default: it can)."""
 
+    def check_algorithms(self, steps: Sequence[str]) -> None:
+        """Raise :class:`Unsupported` for `algo` steps when the backend does not start from the ONNX model
+        they transform."""
+        if steps and self.SOURCE != ONNX_SOURCE:
+            raise Unsupported(
+                f"backend={self.NAME} converts the Keras .h5 itself, so the PTQ algorithms "
+                f"({', '.join(steps)}), which transform the canonical FP32 ONNX model, cannot reach it: "
+                f"it runs only algo=none."
+            )
+
+    def published_models(self, cache_dir: Path) -> dict[str, QuantizedModel]:
+        """Quantized models of this network that others publish in this backend's format, by name (e.g.
+        MLPerf Tiny's own int8 .tflite): each is evaluated and logged once per sweep as a run of its own (tag
+        ``reference=<name>``) beside the backend's. None by default."""
+        return {}
+
     @abstractmethod
-    def load_fp32(self, onnx_path: Path, workdir: Path) -> Model:
-        """The FP32 model in this backend, built from the canonical ONNX model (saved under ``workdir``)."""
+    def load_fp32(self, source_path: Path, workdir: Path) -> Model:
+        """The FP32 model in this backend, built from the FP32 file :attr:`SOURCE` names (saved under
+        ``workdir``)."""
 
     @abstractmethod
     def quantize(
-        self, onnx_path: Path, calibration_images: np.ndarray, spec: QuantSpec, workdir: Path
+        self, source_path: Path, calibration_images: np.ndarray, spec: QuantSpec, workdir: Path
     ) -> QuantizedModel:
-        """Calibrate on ``calibration_images`` (NHWC float32) and quantize the canonical model at
-        ``onnx_path``; save the model under ``workdir``."""
+        """Calibrate on ``calibration_images`` (NHWC float32) and quantize the FP32 file :attr:`SOURCE`
+        names; save the model under ``workdir``."""
 
     @abstractmethod
     def layer_errors(self, fp32: Model, quantized: QuantizedModel, images: np.ndarray) -> list[LayerError]:

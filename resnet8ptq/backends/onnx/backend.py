@@ -134,7 +134,9 @@ class OnnxRuntimeBackend(Backend):
     NAME = "onnx"
 
     def load_fp32(self, onnx_path: Path, workdir: Path) -> Model:
-        return Model(predict=predictor(session(onnx_path, self.threads)), path=onnx_path, onnx_path=onnx_path)
+        return Model(
+            predict=predictor(session(onnx_path, self.threads)), path=onnx_path, source_path=onnx_path
+        )
 
     def check(self, spec: QuantSpec) -> None:
         check_widths(spec.dtype)
@@ -218,7 +220,7 @@ class OnnxRuntimeBackend(Backend):
 
     def layer_errors(self, fp32: Model, quantized: QuantizedModel, images: np.ndarray) -> list[LayerError]:
         """SQNR with ORT's ``qdq_loss_debug`` (:func:`.layer_errors.measure`)."""
-        return layer_errors.measure(fp32.onnx_path, quantized.path, images)
+        return layer_errors.measure(fp32.source_path, quantized.path, images)
 
     def mlflow_flavor(self, path: Path) -> MlflowFlavor:
         """The ``mlflow.onnx`` flavor; its pyfunc runs ONNX Runtime's CPU provider with all graph

@@ -79,7 +79,7 @@ class TorchBackend(Backend):
         """onnx2torch conversion, exported and saved as ``model_fp32.pt2``."""
         path = Path(workdir) / "model_fp32.pt2"
         program = save_program(export(onnx_to_torch(onnx_path), example_input(input_shape(onnx_path))), path)
-        return Model(predict=make_predictor(program.module()), path=path, onnx_path=onnx_path)
+        return Model(predict=make_predictor(program.module()), path=path, source_path=onnx_path)
 
     def quantize(
         self, onnx_path: Path, calibration_images: np.ndarray, spec: QuantSpec, workdir: Path
@@ -167,7 +167,7 @@ class TorchBackend(Backend):
     def layer_errors(self, fp32: Model, quantized: QuantizedModel, images: np.ndarray) -> list[LayerError]:
         """SQNR of the saved quantized program (its q/dq form, also for native runs) against the saved FP32
         program (:func:`.layer_errors.measure`)."""
-        return layer_errors.measure(fp32.path, quantized.path, fp32.onnx_path, images)
+        return layer_errors.measure(fp32.path, quantized.path, fp32.source_path, images)
 
     def mlflow_flavor(self, path: Path) -> MlflowFlavor:
         """A pyfunc logged as code (``pyfunc_model.py``) around the ``.pt2``; it needs torch and torchao."""

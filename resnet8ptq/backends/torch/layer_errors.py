@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -15,7 +14,7 @@ import numpy as np
 import torch
 from torch import fx
 
-from resnet8ptq.backends.base import LayerError
+from resnet8ptq.backends.base import LayerError, sqnr_db
 from resnet8ptq.backends.torch.convert import example_input, export, input_shape, load_program, onnx_to_torch
 from resnet8ptq.backends.torch.program import count_targets, is_zero_pad, qdq_op
 from resnet8ptq.calibration import batches
@@ -41,14 +40,6 @@ _WEIGHTED_OPS = (torch.ops.aten.conv2d.default, torch.ops.aten.linear.default)
 
 
 _LAYOUT_OPS = (torch.ops.aten.permute.default, torch.ops.aten.reshape.default, torch.ops.aten.view.default)
-
-
-def sqnr_db(signal_sq: float, noise_sq: float) -> float:
-    """ORT's ``compute_signal_to_quantization_noice_ratio`` from sums of squares accumulated batch by batch
-    (memory stays flat): 20·log10(‖x‖ / ‖x - y‖), each norm floored at float64 eps, so identical tensors
-    give a large finite value (~300 dB and up) rather than infinity."""
-    eps = float(np.finfo(float).eps)
-    return 20 * math.log10(max(math.sqrt(signal_sq), eps) / max(math.sqrt(noise_sq), eps))
 
 
 class _Recorder(fx.Interpreter):

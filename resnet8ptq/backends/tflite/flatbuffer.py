@@ -1,0 +1,161 @@
+"""Reading a saved .tflite file (the flatbuffer, with the schema ``ai_edge_litert`` ships): its ops, its
+weight and activation tensors with their quantization, and from them the effective types, widths and
+ranges."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from ai_edge_litert import schema_py_generated as schema
+
+from resnet8ptq.backends.base import TensorRange
+from resnet8ptq.dtype import bits_used
+
+OP_NAMES = {code: name for name, code in vars(schema.BuiltinOperator).items() if not name.startswith("_")}
+TYPE_NAMES = {
+    code: name.lower() for name, code in vars(schema.TensorType).items() if not name.startswith("_")
+}
+WEIGHTED_OPS = {"CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED"}  # input 1 is the weight
+
+
+@dataclass(frozen=True)
+class Tensor:
+    """One tensor of the model: its name, storage type, shape, quantization (empty when float) and, for a
+    constant, its stored values."""
+
+    index: int
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    scales: np.ndarray
+    zero_points: np.ndarray
+    axis: int  # the quantized dimension of per-channel scales
+    values: np.ndarray | None  # constants only
+
+    def dequantized(self) -> np.ndarray:
+        """The float values of a quantized constant (per channel along ``axis``)."""
+        shape = [1] * len(self.shape)
+        shape[self.axis] = -1
+        scales, zero_points = self.scales.reshape(shape), self.zero_points.reshape(shape)
+        return (self.values.astype(np.int64) - zero_points).astype(np.float32) * scales.astype(np.float32)
+
+
+@dataclass(frozen=True)
+class TFLiteModel:
+    """The main subgraph of a .tflite file: ops (name, input and output tensor indices), tensors, and the
+    indices of its input tensors."""
+
+    ops: list[tuple[str, list[int], list[int]]]
+    tensors: list[Tensor]
+    inputs: list[int]
+
+    @property
+    def weights(self) -> list[Tensor]:
+        """The constant weights of conv and fully-connected ops."""
+        return [self.tensors[inputs[1]] for op, inputs, _ in self.ops if op in WEIGHTED_OPS]
+
+    @property
+    def activations(self) -> list[Tensor]:
+        """Tensors computed by ops (and the model input) that hold floats or quantized integers (not the
+        int32 shapes of the flatten)."""
+        produced = set(self.inputs) | {index for _, _, outputs in self.ops for index in outputs}
+        return [t for t in self.tensors if t.index in produced and (t.dtype == "float32" or len(t.scales))]
+
+    def op_counts(self) -> Counter:
+        return Counter(op for op, _, _ in self.ops)
+
+
+def read(path: Path) -> TFLiteModel:
+    """The main subgraph of the .tflite file at ``path``."""
+    model = schema.ModelT.InitFromPackedBuf(Path(path).read_bytes(), 0)
+    graph = model.subgraphs[0]
+    ops = []
+    for op in graph.operators:
+        code = model.operatorCodes[op.opcodeIndex]
+        name = OP_NAMES[max(code.builtinCode, code.deprecatedBuiltinCode)]
+        ops.append((name, [int(i) for i in op.inputs], [int(i) for i in op.outputs]))
+    tensors = []
+    for index, tensor in enumerate(graph.tensors):
+        dtype = TYPE_NAMES[tensor.type]
+        shape = tuple(int(d) for d in (tensor.shape if tensor.shape is not None else ()))
+        quantization = tensor.quantization
+        scales = np.asarray(_field(quantization, "scale", []), np.float32)
+        data = model.buffers[tensor.buffer].data if tensor.buffer < len(model.buffers) else None
+        values = None
+        if data is not None and len(data):
+            values = np.frombuffer(bytes(data), np.dtype(dtype)).reshape(shape)
+        tensors.append(
+            Tensor(
+                index=index,
+                name=tensor.name.decode(),
+                dtype=dtype,
+                shape=shape,
+                scales=scales,
+                zero_points=np.asarray(_field(quantization, "zeroPoint", [0] * len(scales)), np.int64),
+                axis=int(_field(quantization, "quantizedDimension", 0)),
+                values=values,
+            )
+        )
+    return TFLiteModel(ops, tensors, [int(i) for i in graph.inputs])
+
+
+def _field(quantization: object, name: str, default: object) -> object:
+    """A field of a tensor's quantization parameters (absent for float tensors)."""
+    value = getattr(quantization, name, None)
+    return default if value is None else value
+
+
+def effective_types(model: TFLiteModel) -> tuple[str, str]:
+    """(activation, weight) storage types of a quantized model, as stored: every quantized activation must
+    have one type and every conv/fully-connected weight one type, or the model is not fully quantized."""
+    activation = {t.dtype for t in model.activations if len(t.scales)}
+    weight = {t.dtype for t in model.weights}
+    if len(activation) != 1 or len(weight) != 1 or "float32" in activation | weight:
+        floats = sorted(t.name for t in model.activations if t.dtype == "float32")
+        raise RuntimeError(
+            f"Expected one activation and one weight integer type in the .tflite model, found activations "
+            f"{sorted(activation)}, weights {sorted(weight)}, float tensors {floats[:3]}: not fully "
+            f"quantized."
+        )
+    return activation.pop(), weight.pop()
+
+
+def effective_bits(model: TFLiteModel) -> tuple[int, int]:
+    """(activation bits, weight bits): activations, the bits of their type (TFLite quantizes to its bounds);
+    weights, the fewest bits that hold every stored weight integer."""
+    activation_bits = {8 * np.dtype(t.dtype).itemsize for t in model.activations if len(t.scales)}
+    if len(activation_bits) != 1:
+        raise RuntimeError(f"Expected one activation width in the .tflite model, found {activation_bits}.")
+    low = min(int(t.values.min()) for t in model.weights)
+    high = max(int(t.values.max()) for t in model.weights)
+    signed = np.issubdtype(model.weights[0].values.dtype, np.signedinteger)
+    return activation_bits.pop(), bits_used(low, high, signed)
+
+
+def weight_granularity(model: TFLiteModel) -> str:
+    """``per-channel`` when every weight has one scale per output channel, ``per-tensor`` when every weight
+    has one scale, else how many of each, naming the per-tensor ones (tag ``weight_granularity``)."""
+    per_tensor = [t.name for t in model.weights if len(t.scales) == 1]
+    if not per_tensor:
+        return "per-channel"
+    if len(per_tensor) == len(model.weights):
+        return "per-tensor"
+    return f"per-channel x{len(model.weights) - len(per_tensor)}, per-tensor x{len(per_tensor)} ({', '.join(per_tensor)})"
+
+
+def quantized_ranges(model: TFLiteModel) -> list[TensorRange]:
+    """The float range each quantized activation can hold, from its scale and zero point: the range the
+    converter calibrated, widened to include 0 and to a whole number of steps."""
+    ranges = []
+    for tensor in model.activations:
+        if len(tensor.scales) != 1:
+            continue
+        info = np.iinfo(tensor.dtype)
+        scale, zero_point = float(tensor.scales[0]), int(tensor.zero_points[0])
+        ranges.append(
+            TensorRange(tensor.name, (info.min - zero_point) * scale, (info.max - zero_point) * scale)
+        )
+    return ranges
