@@ -47,6 +47,10 @@ class Evaluation:
         """Images per second of the (warmed-up) evaluation pass at batch ``EVAL_BATCH``."""
         return len(self.labels) / self.eval_seconds
 
+    def subset_accuracy(self, indices: np.ndarray) -> float:
+        """Top-1 accuracy on the images at ``indices`` (a fraction), from the same predictions."""
+        return float(np.mean(self.predictions[indices] == self.labels[indices]))
+
     @property
     def class_accuracy(self) -> np.ndarray:
         """Accuracy of each class (fraction of that class's images predicted correctly)."""

@@ -17,16 +17,17 @@ from omegaconf import DictConfig, OmegaConf
 
 from resnet8ptq import hardware, records
 from resnet8ptq.algorithms import AlgoConfig, prepare
-from resnet8ptq.backends.base import Backend
+from resnet8ptq.backends.base import KERAS_SOURCE, Backend
 from resnet8ptq.config import ConfigError, quant_spec
 from resnet8ptq.data import BINARY_DIR, PYTHON_DIR, Cifar10, calibration_set, load_cifar10, to_model_input
 from resnet8ptq.evaluate import Baseline, evaluate_baseline
 from resnet8ptq.execution import evaluate_quantized
+from resnet8ptq.mlperf import perf_subset_indices
 from resnet8ptq.model import CanonicalModel, ModelError, canonical_onnx, conversion_key, resolve_h5
 from resnet8ptq.records import ModelRecord
 from resnet8ptq.tracking.identity import config_hash, git_commit, run_params
 from resnet8ptq.tracking.models import content_digest, numpy_dataset
-from resnet8ptq.tracking.runs import child_run, set_tags, skip_finished
+from resnet8ptq.tracking.runs import child_run, first_in_sweep, set_tags, skip_finished
 from resnet8ptq.tracking.store import configure
 
 log = logging.getLogger(__name__)
@@ -43,6 +44,7 @@ def run(cfg: DictConfig, output_dir: Path) -> float:
     params = run_params(cfg)
     granularity = ("pc" if spec.per_channel else "pt") + ("-rr" if spec.reduce_range else "")
     backend.check(spec)  # a configuration the backend cannot run exactly is refused here, before any work
+    backend.check_algorithms(algo.steps)
     run_name = f"{backend.NAME}-{spec.dtype.label}-{spec.calib.method}-{granularity}"
     run_name += "".join(f"-{step}" for step in algo.steps)
     identity = result_identity(cfg, backend)
@@ -61,14 +63,18 @@ def run(cfg: DictConfig, output_dir: Path) -> float:
     if finished is not None:
         return finished  # resume: this configuration already FINISHED in an earlier run; no new run
     with child_run(experiment_id, run_name, tags, params) as run_id:
-        # 1. Data: verified CIFAR-10, stratified calibration sample of the training split.
+        # 1. Data: verified CIFAR-10, stratified calibration sample of the training split, MLPerf Tiny's
+        #    performance subset of the test split.
         data = load_dataset(cfg.data.root, cfg.data.download)
         calibration_images, _ = calibration_set(data, cfg.data.calib_per_class, cfg.data.seed)
         test_images, test_labels = test_set(data)
+        perf_subset = perf_subset_indices(Path(cfg.cache_dir))
 
-        # 2. FP32 model: the canonical ONNX, in this backend, with its accuracy as the baseline.
+        # 2. FP32 model: the canonical ONNX (the .h5 for a backend that converts Keras itself), in this
+        #    backend, with its accuracy as the baseline; published quantized models beside it.
         canonical = fp32_model(cfg.model.path, cfg.model.sha256, Path(cfg.cache_dir))
-        baseline = fp32_baseline(backend, canonical.onnx_path, Path(cfg.cache_dir), data)
+        source = source_path(backend, canonical, canonical.onnx_path)
+        baseline = fp32_baseline(backend, source, Path(cfg.cache_dir), data)
         context = {
             "data.verified": f"md5 ({data.layout} layout)",
             "model.sha256": canonical.h5_sha256,
@@ -78,15 +84,18 @@ def run(cfg: DictConfig, output_dir: Path) -> float:
         set_tags(run_id, context)
         inputs = run_inputs(data, cfg.data.calib_per_class, cfg.data.seed)
         fp32_record = ModelRecord(backend.mlflow_flavor(baseline.model.path), test_images[:2], inputs.fp32)
+        run_tags = tags | context
         records.log_baseline_once(
-            experiment_id, backend.NAME, baseline, params, tags | context, output_dir, fp32_record
+            experiment_id, backend.NAME, baseline, params, run_tags, output_dir, fp32_record, perf_subset
         )
+        log_published_once(cfg, experiment_id, backend, baseline, data, params, run_tags, output_dir)
 
         # 3. PTQ algorithms on the FP32 model (`algo`), then quantize.
         prepared = prepare(
             algo, canonical.onnx_path, calibration_images, spec, output_dir / "algo", cfg.data.seed
         )
-        quantized = backend.quantize(prepared.onnx_path, calibration_images, spec, output_dir / "model")
+        source = source_path(backend, canonical, prepared.onnx_path)
+        quantized = backend.quantize(source, calibration_images, spec, output_dir / "model")
 
         # 4. Evaluate on the full test set: the reference semantics, and the runtime form on this CPU.
         tolerance = cfg.native_tolerance_points
@@ -108,8 +117,9 @@ def run(cfg: DictConfig, output_dir: Path) -> float:
         # 5. Log.
         model = ModelRecord(backend.mlflow_flavor(quantized.path), test_images[:2], inputs.quantized)
         records.log_quantized(
-            run_id, run_name, cfg, quantized, result, baseline, layer_errors, output_dir, model, prepared
-        )
+            run_id, run_name, cfg, quantized, result, baseline, layer_errors, output_dir, model, prepared,
+            perf_subset,
+        )  # fmt: skip
     return result.reference.accuracy
 
 
@@ -203,6 +213,48 @@ def run_inputs(data: Cifar10, per_class: int, seed: int) -> RunInputs:
 def test_set(data: Cifar10) -> tuple[np.ndarray, np.ndarray]:
     """All 10,000 test images as model input, with their labels."""
     return to_model_input(data.test_images), data.test_labels
+
+
+def source_path(backend: Backend, canonical: CanonicalModel, onnx_path: Path) -> Path:
+    """The FP32 file the backend starts from (:attr:`Backend.SOURCE`): ``onnx_path`` (the canonical ONNX
+    model, or the `algo` steps' transform of it), or the .h5 for a backend that converts Keras itself."""
+    return canonical.h5_path if backend.SOURCE == KERAS_SOURCE else onnx_path
+
+
+def log_published_once(
+    cfg: DictConfig,
+    experiment_id: str,
+    backend: Backend,
+    baseline: Baseline,
+    data: Cifar10,
+    params: dict,
+    tags: dict[str, str],
+    output_dir: Path,
+) -> None:
+    """Evaluate each quantized model published for the backend's format (:meth:`Backend.published_models`)
+    on the test set like the backend's own, and log it as a run of its own, once per sweep."""
+    test_images, test_labels = test_set(data)
+    inputs = run_inputs(data, cfg.data.calib_per_class, cfg.data.seed)
+    perf_subset = perf_subset_indices(Path(cfg.cache_dir))
+    for name, published in backend.published_models(Path(cfg.cache_dir)).items():
+        with first_in_sweep(experiment_id, **{records.REFERENCE_TAG: name}) as first:
+            if not first:
+                continue
+            tolerance = cfg.native_tolerance_points
+            result = evaluate_quantized(published, test_images, test_labels, f"{name} (published)", tolerance)
+            record = ModelRecord(backend.mlflow_flavor(published.path), test_images[:2], inputs.fp32)
+            records.log_published(
+                experiment_id,
+                name,
+                published,
+                result,
+                baseline,
+                params,
+                tags,
+                output_dir,
+                record,
+                perf_subset,
+            )
 
 
 def fp32_model(path: str | None, sha256: str | None, cache_dir: Path) -> CanonicalModel:

@@ -1,5 +1,6 @@
-"""What each run records in MLflow: the metrics, tags and artifacts of a quantized run and of the backend's
-FP32 baseline run (the names are the contract the README lists and the report reads)."""
+"""What each run records in MLflow: the metrics, tags and artifacts of a quantized run, of the backend's FP32
+baseline run and of a published model's reference run (the names are the contract the README lists and the
+report reads)."""
 
 from __future__ import annotations
 
@@ -19,17 +20,22 @@ from resnet8ptq.data import CLASS_NAMES
 from resnet8ptq.evaluate import Baseline, Evaluation
 from resnet8ptq.execution import QuantizedResult
 from resnet8ptq.tracking.models import log_datasets, log_model
-from resnet8ptq.tracking.runs import child_run, find_sibling, log_artifacts, log_metrics, set_tags
-from resnet8ptq.tracking.sweep import sweep_lock
+from resnet8ptq.tracking.runs import child_run, first_in_sweep, log_artifacts, log_metrics, set_tags
 
 QUANTIZATION_SETTINGS = ("dtype", "calib", "algo", "per_channel", "reduce_range", "native_tolerance_points")
 """Params and tags of a quantized run that an FP32 run does not have."""
+PERF_SUBSET_METRIC = "accuracy_perf_subset"
+"""Accuracy on MLPerf Tiny's 200-image performance subset of the test set."""
+REFERENCE_TAG = "reference"
+"""Tag of a published model's run: its publisher (``mlperf``)."""
 
 
-def evaluation_metrics(evaluation: Evaluation, model_path: Path) -> dict[str, float]:
-    """Metrics every run logs: accuracy, per-class accuracy, model size."""
+def evaluation_metrics(evaluation: Evaluation, model_path: Path, perf_subset: np.ndarray) -> dict[str, float]:
+    """Metrics every run logs: accuracy (all test images, and MLPerf Tiny's performance subset from the same
+    predictions), per-class accuracy, model size."""
     return {
         "accuracy": evaluation.accuracy,
+        PERF_SUBSET_METRIC: evaluation.subset_accuracy(perf_subset),
         **{
             f"class_acc/{name}": acc for name, acc in zip(CLASS_NAMES, evaluation.class_accuracy, strict=True)
         },
@@ -52,6 +58,15 @@ class ModelRecord:
         set_tags(run_id, {"model_uri": log_model(run_id, name, self.flavor, self.input_example)})
 
 
+def unquantized(params: Mapping[str, Any], tags: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, str]]:
+    """A quantized run's params and tags without its quantization settings: those of a run of a model this
+    configuration did not make (the FP32 baseline, a published model)."""
+    return (
+        {k: v for k, v in params.items() if not k.startswith(QUANTIZATION_SETTINGS)},
+        {k: v for k, v in tags.items() if k not in (*QUANTIZATION_SETTINGS, "config_hash")},
+    )
+
+
 def log_baseline_once(
     experiment_id: str,
     backend_name: str,
@@ -60,16 +75,16 @@ def log_baseline_once(
     tags: Mapping[str, str],
     output_dir: Path,
     model: ModelRecord,
+    perf_subset: np.ndarray,
 ) -> None:
     """Log the backend's FP32 model as a run of its own (tag quantized=false) beside the quantized runs, once
     per sweep and backend, also when parallel jobs of the sweep get here together."""
-    with sweep_lock(f"baseline-{backend_name}"):
-        if find_sibling(experiment_id, backend=backend_name, quantized="false"):
+    with first_in_sweep(experiment_id, backend=backend_name, quantized="false") as first:
+        if not first:
             return
         name = f"{backend_name}-fp32"
-        fp32_params = {k: v for k, v in params.items() if not k.startswith(QUANTIZATION_SETTINGS)}
-        fp32_tags = {
-            **{k: v for k, v in tags.items() if k not in (*QUANTIZATION_SETTINGS, "config_hash")},
+        fp32_params, fp32_tags = unquantized(params, tags)
+        fp32_tags |= {
             "quantized": "false",
             "dtype.activation": "float32",
             "dtype.weight": "float32",
@@ -78,7 +93,7 @@ def log_baseline_once(
         }
         with child_run(experiment_id, name, fp32_tags, fp32_params) as run_id:
             metrics = {
-                **evaluation_metrics(baseline.evaluation, baseline.model.path),
+                **evaluation_metrics(baseline.evaluation, baseline.model.path, perf_subset),
                 "throughput_img_s": baseline.evaluation.throughput_img_s,
                 "latency_ms_b1": baseline.latency_ms_b1,
                 "eval_seconds": baseline.evaluation.eval_seconds,
@@ -90,7 +105,11 @@ def log_baseline_once(
 
 
 def quantized_metrics(
-    quantized: QuantizedModel, result: QuantizedResult, baseline: Baseline, layer_errors: list[LayerError]
+    quantized: QuantizedModel,
+    result: QuantizedResult,
+    baseline: Baseline,
+    layer_errors: list[LayerError],
+    perf_subset: np.ndarray,
 ) -> dict[str, float]:
     """Accuracy (reference) and, where integer kernels ran, native accuracy and the gap; size, speed, timings,
     worst per-layer SQNR, and the backend's own metrics."""
@@ -101,7 +120,7 @@ def quantized_metrics(
     passes = {id(result.reference): result.reference, id(result.runtime): result.runtime}.values()
     fp32_size = baseline.model.path.stat().st_size
     return {
-        **evaluation_metrics(evaluation, quantized.path),
+        **evaluation_metrics(evaluation, quantized.path, perf_subset),
         "accuracy_reference": evaluation.accuracy,
         **native,
         "throughput_img_s": result.speed.throughput_img_s,
@@ -131,25 +150,18 @@ def log_quantized(
     output_dir: Path,
     model: ModelRecord,
     prepared: Prepared,
+    perf_subset: np.ndarray,
 ) -> None:
     """Everything a quantized run records: metrics, effective dtypes, execution, layer errors, artifacts,
     the MLflow Model and the datasets; what the PTQ algorithms did and their seconds."""
     worst = min(layer_errors, key=lambda error: error.sqnr_db)
-    log_metrics(
-        run_id,
-        {**quantized_metrics(quantized, result, baseline, layer_errors), "algo_seconds": prepared.seconds},
-    )
+    metrics = quantized_metrics(quantized, result, baseline, layer_errors, perf_subset)
+    log_metrics(run_id, {**metrics, "algo_seconds": prepared.seconds})
     set_tags(
         run_id,
         {
-            "dtype.activation": quantized.activation_dtype,
-            "dtype.weight": quantized.weight_dtype,
-            "dtype.activation_bits": str(quantized.activation_bits),
-            "dtype.weight_bits": str(quantized.weight_bits),
-            "execution": result.verdict.execution,
-            "execution_reason": result.verdict.reason,
+            **read_back_tags(quantized, result),
             "sqnr_worst_layer": f"{worst.layer} ({worst.kind}, {worst.sqnr_db:.1f} dB)",
-            **quantized.tags,
             **prepared.tags,
         },
     )
@@ -164,3 +176,47 @@ def log_quantized(
         ],
     )
     model.log(run_id, run_name)
+
+
+def read_back_tags(quantized: QuantizedModel, result: QuantizedResult) -> dict[str, str]:
+    """A quantized model's effective types and widths (read back from its file), how it executed, and the
+    backend's own tags."""
+    return {
+        "dtype.activation": quantized.activation_dtype,
+        "dtype.weight": quantized.weight_dtype,
+        "dtype.activation_bits": str(quantized.activation_bits),
+        "dtype.weight_bits": str(quantized.weight_bits),
+        "execution": result.verdict.execution,
+        "execution_reason": result.verdict.reason,
+        **quantized.tags,
+    }
+
+
+def log_published(
+    experiment_id: str,
+    name: str,
+    published: QuantizedModel,
+    result: QuantizedResult,
+    baseline: Baseline,
+    params: Mapping[str, Any],
+    tags: Mapping[str, str],
+    output_dir: Path,
+    model: ModelRecord,
+    perf_subset: np.ndarray,
+) -> None:
+    """Log a published quantized model (``name``: its publisher, e.g. ``mlperf``) as a run of its own (tags
+    ``reference=<name>``, quantized=true), evaluated like the backend's models; Δ against the backend's FP32.
+    Not logged: what the tool did not do (calibration, quantization, layer errors, config_hash)."""
+    run_name = f"{name}-{published.activation_dtype}-published"
+    run_params, run_tags = unquantized(params, tags)
+    run_tags |= {"quantized": "true", REFERENCE_TAG: name}
+    with child_run(experiment_id, run_name, run_tags, run_params) as run_id:
+        metrics = quantized_metrics(published, result, baseline, [], perf_subset)
+        log_metrics(
+            run_id, {k: v for k, v in metrics.items() if k not in ("calib_seconds", "quantize_seconds")}
+        )
+        set_tags(run_id, read_back_tags(published, result))
+        evaluation_dir = output_dir / f"published-{name}"
+        files = evaluation_files(result.reference, evaluation_dir, run_name, baseline.evaluation)
+        log_artifacts(run_id, [*files, ("model", published.path)])
+        model.log(run_id, run_name)

@@ -18,6 +18,7 @@ from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
 from resnet8ptq.config import ReportConfig
+from resnet8ptq.records import REFERENCE_TAG
 from resnet8ptq.report.analysis import hardware_lines
 from resnet8ptq.report.render import to_html
 from resnet8ptq.report.runs import ReportError, comparison_table, latest_per_config, runs_frame
@@ -31,6 +32,7 @@ from resnet8ptq.report.sections import (
     layer_error_section,
     nothing_to_report_message,
     per_class_section,
+    published_section,
     recommendation_section,
     tradeoff_section,
 )
@@ -62,7 +64,7 @@ def markdown(report: Report) -> str:
         parts += recommendation_section(table, report.max_drop_points)
     if len(table):
         parts += ["## Comparison", comparison_rows(table, report.max_drop_points).markdown()]
-        parts += execution_section(table)
+        parts += published_section(table) + execution_section(table)
     if report.has_results:
         parts += accuracy_map_section(report) + algorithm_section(table) + per_class_section(report)
         parts += layer_error_section(table) + tradeoff_section(report)
@@ -126,7 +128,9 @@ def write_report(
         context.append(f"configurations their backend refused (not run): {len(refused)}")
         context += [f"refused: {message}" for message in dict.fromkeys(refused)]
     if reused:
-        count = sum(run.data.tags.get("quantized") == "true" for run in reused)
+        count = sum(
+            run.data.tags.get("quantized") == "true" and REFERENCE_TAG not in run.data.tags for run in reused
+        )
         context.append(f"reused from earlier sweeps: {count} configurations that had already FINISHED")
     report = Report(
         title=f"Quantization report: {parent.info.run_name}",
@@ -141,9 +145,21 @@ def write_report(
 
 def reused_runs(client: MlflowClient, parent: Run, children: list[Run]) -> list[Run]:
     """The earlier runs a resumed sweep reused (tags `reused.*`), with the FP32 baselines of their sweeps
-    for the backends this sweep has no baseline of."""
+    for the backends this sweep has no baseline of, and their sweeps' published models' runs (tag
+    `reference`) this sweep has none of."""
     ids = [value for key, value in parent.data.tags.items() if key.startswith(REUSED_TAG_PREFIX)]
     reused = [client.get_run(run_id) for run_id in ids]
+    published = {run.data.tags.get(REFERENCE_TAG) for run in children} - {None}
+    for sweep in {run.data.tags.get("mlflow.parentRunId", "") for run in reused}:
+        conditions = {
+            "tags.mlflow.parentRunId": sweep,
+            "tags.quantized": "true",
+            "attributes.status": "FINISHED",
+        }
+        for run in search_all(client, [parent.info.experiment_id], conditions):
+            if run.data.tags.get(REFERENCE_TAG, "") not in published | {""}:
+                reused.append(run)
+                published.add(run.data.tags[REFERENCE_TAG])
     have = {run.data.tags.get("backend") for run in children if run.data.tags.get("quantized") == "false"}
     for backend, run in {r.data.tags.get("backend"): r for r in reused}.items():
         if backend in have:

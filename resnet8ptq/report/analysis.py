@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 
 from resnet8ptq.data import CLASS_NAMES
-from resnet8ptq.report.runs import CLASS_METRIC
+from resnet8ptq.report.runs import CLASS_METRIC, configured
 
 SIZE_TOLERANCE = 0.01  # model sizes within 1% count as equal when picking the smallest
 THROUGHPUT_TOLERANCE = 0.05  # throughputs within 5% (timing noise) count as equal when picking the fastest
@@ -56,12 +56,13 @@ def describe(row: pd.Series) -> str:
 
 
 def recommendations(table: pd.DataFrame, max_drop_points: float) -> tuple[list[Pick], pd.DataFrame]:
-    """Best accuracy, smallest, fastest, best per backend (quantized runs); and the runs over the drop limit.
+    """Best accuracy, smallest, fastest, best per backend (quantized configurations this tool made, not
+    published models); and the runs over the drop limit.
 
     Smallest and fastest consider the configurations within the limit (all when none is); sizes within
     SIZE_TOLERANCE and throughputs within THROUGHPUT_TOLERANCE count as ties, won by the most accurate.
     """
-    quantized = table[table["quantized"]]
+    quantized = configured(table)
     over = quantized[quantized["delta_points"] < -max_drop_points].sort_values("delta_points")
     pool = quantized.drop(over.index) if len(over) < len(quantized) else quantized
     picks = [

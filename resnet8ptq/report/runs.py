@@ -11,6 +11,7 @@ from mlflow.tracking import MlflowClient
 
 from resnet8ptq.data import CLASS_NAMES
 from resnet8ptq.hardware import Hardware
+from resnet8ptq.records import REFERENCE_TAG
 from resnet8ptq.tracking.search import where
 
 CLASS_METRIC = "class_acc/"
@@ -40,11 +41,13 @@ EMPTY_COLUMNS = [
     "config_hash",
     "error",
     "sqnr_worst_layer",
+    "reference",
 ]  # fmt: skip  (the columns runs_frame gives every run)
 
 
 METRIC_COLUMNS = (
     "accuracy",
+    "accuracy_perf_subset",
     "accuracy_delta",
     "accuracy_native",
     "kernel_gap_points",
@@ -63,19 +66,26 @@ class ReportError(RuntimeError):
 
 
 def runs_frame(runs: Iterable[Run]) -> pd.DataFrame:
-    """One row per (non-sweep) run: identity, status, settings and metrics (accuracy as a fraction)."""
+    """One row per (non-sweep) run: identity, status, settings and metrics (accuracy as a fraction).
+
+    A published model's run (tag ``reference``) is a quantized row with its publisher in ``reference`` and
+    no settings of this tool (calib, per-channel, algo)."""
     rows = []
     for run in runs:
         tags, params, metrics = run.data.tags, run.data.params, run.data.metrics
         if tags.get("sweep") == "true":
             continue
         quantized = tags.get("quantized") != "false"
+        reference = tags.get(REFERENCE_TAG, "")
+        configured = quantized and not reference  # settings of this tool
         activation = tags.get("dtype.activation") or params.get("dtype.activation", "?")
         weight = tags.get("dtype.weight") or params.get("dtype.weight", "?")
         bits = [
             int(tags.get(f"dtype.{role}_bits") or params.get(f"dtype.{role}_bits") or 8) for role in ROLES
         ]
         dtype = params.get("dtype") or f"{activation}/{weight}"  # the `dtype` choice, e.g. u8s8
+        if reference:
+            dtype = activation if activation == weight else f"{activation}/{weight}"
         if bits != [8, 8] and dtype != f"a{bits[0]}w{bits[1]}":
             dtype += f" a{bits[0]}w{bits[1]}"  # widths set apart from the choice
         per_channel = (tags.get("per_channel") or params.get("per_channel", "?")).lower()
@@ -93,10 +103,11 @@ def runs_frame(runs: Iterable[Run]) -> pd.DataFrame:
                 "weight": weight,
                 "activation_bits": bits[0] if quantized else 32,
                 "weight_bits": bits[1] if quantized else 32,
-                "calib": (tags.get("calib") or params.get("calib", "?")) if quantized else "",
-                "algo": (tags.get("algo") or params.get("algo") or "none") if quantized else "",
-                "per_channel": per_channel if quantized else "",
-                "reduce_range": tags.get("reduce_range", "false") if quantized else "",
+                "calib": (tags.get("calib") or params.get("calib", "?")) if configured else "",
+                "algo": (tags.get("algo") or params.get("algo") or "none") if configured else "",
+                "per_channel": per_channel if configured else "",
+                "reduce_range": tags.get("reduce_range", "false") if configured else "",
+                "reference": reference,
                 "hardware": machine.label if machine else "not recorded",
                 "int8_dot_product": machine.has_int8_dot_product if machine else None,
                 "execution": tags.get("execution", "" if quantized else "native"),
@@ -120,6 +131,8 @@ def _labels(frame: pd.DataFrame) -> list[str]:
     for row in frame.itertuples():
         if not row.quantized:
             labels.append(f"{row.backend} fp32")
+        elif row.reference:
+            labels.append(f"{row.reference} {row.dtype} (published)")
         else:
             channel = " per-channel" if row.per_channel == "true" else ""
             reduced = " reduce-range" if row.reduce_range == "true" else ""
@@ -158,6 +171,7 @@ def comparison_table(frame: pd.DataFrame) -> pd.DataFrame:
     delta = table["accuracy_delta"].where(table["accuracy_delta"].notna(), table["accuracy"] - base_accuracy)
     fp32_size = table["fp32_size_bytes"].where(table["fp32_size_bytes"].notna(), base_size)
     table["accuracy_pct"] = table["accuracy"] * 100
+    table["perf_subset_pct"] = table["accuracy_perf_subset"] * 100
     table["delta_points"] = np.where(table["quantized"], delta * 100, 0.0)
     table["size_kib"] = table["model_size_bytes"] / 1024
     table["size_reduction"] = np.where(table["quantized"], fp32_size / table["model_size_bytes"], 1.0)
@@ -180,3 +194,8 @@ def latest_sweep_run(client: MlflowClient, experiment_name: str) -> str:
     if not runs:
         raise ReportError(f"No sweep run in experiment {experiment_name!r} at {client.tracking_uri}.")
     return runs[0].info.run_id
+
+
+def configured(table: pd.DataFrame) -> pd.DataFrame:
+    """The quantized runs of configurations this tool made (not published models' runs)."""
+    return table[table["quantized"] & (table["reference"].fillna("") == "")]

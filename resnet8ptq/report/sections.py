@@ -29,6 +29,7 @@ from resnet8ptq.report.figures import (
     class_delta_heatmap_png,
     tradeoff_png,
 )
+from resnet8ptq.report.runs import configured
 
 
 @dataclass(frozen=True)
@@ -87,6 +88,7 @@ def comparison_rows(table: pd.DataFrame, max_drop_points: float) -> Table:
         "calib",
         "per-channel",
         "accuracy (%)",
+        "MLPerf perf subset (%)",
         "Δ vs FP32 (points)",
         "size (KiB)",
         "size reduction",
@@ -111,6 +113,7 @@ def comparison_rows(table: pd.DataFrame, max_drop_points: float) -> Table:
                 row.calib or "—",
                 row.per_channel or "—",
                 fmt(row.accuracy_pct, ".2f"),
+                fmt(row.perf_subset_pct, ".1f"),
                 fmt(row.delta_points, "+.2f", " ⚠" if over else ""),
                 fmt(row.size_kib, ".1f"),
                 fmt(row.size_reduction, ".2f", "x"),
@@ -143,7 +146,7 @@ def recommendation_section(table: pd.DataFrame, limit: float) -> list[str]:
     items.append(f"**Accuracy drop over {limit:g} points**: {over_text or 'none'}")
     scope = (
         f"among the configurations within the {limit:g}-point limit"
-        if len(over) < int(table["quantized"].sum())
+        if len(over) < len(configured(table))
         else f"among all configurations (none is within the {limit:g}-point limit)"
     )
     note = (
@@ -282,7 +285,7 @@ MARK_LEGEND = "N native, N! native-mismatch, S simulated, - not run"
 def accuracy_map_section(report: Report) -> list[str]:
     """Accuracy over weight bits x activation bits, per backend, dtype and granularity, when the runs vary
     the widths: a heatmap and, per panel, a table; every panel spans every width any run had."""
-    table = report.table[report.table["quantized"]]
+    table = configured(report.table)
     if table[["activation_bits", "weight_bits"]].drop_duplicates().shape[0] < 2:
         return []
     kind = {role: table[role].str.extract(r"^(u?int)", expand=False) for role in ("activation", "weight")}
@@ -319,7 +322,7 @@ def fmt_cell(accuracy: float, mark: object) -> str:
 
 def algorithm_section(table: pd.DataFrame) -> list[str]:
     """Accuracy of each configuration with each PTQ algorithm (`algo`), when the runs vary it."""
-    quantized = table[table["quantized"]]
+    quantized = configured(table)
     algos = sorted(quantized["algo"].unique(), key=lambda name: (name != "none", name))
     if len(algos) < 2:
         return []
@@ -330,3 +333,48 @@ def algorithm_section(table: pd.DataFrame) -> list[str]:
     rows = [[name, *(fmt_cell(value, "") for value in row)] for name, row in accuracy.iterrows()]
     note = "Accuracy (%) of each configuration quantized after each algorithm (`-`: not run)."
     return ["## PTQ algorithms", note, Table(["configuration", *algos], rows).markdown()]
+
+
+def published_section(table: pd.DataFrame) -> list[str]:
+    """Each backend's int8/int8 configurations beside the published int8 models (MLPerf Tiny's own), on
+    the full test set and on MLPerf Tiny's 200-image performance subset."""
+    published = table[table["reference"].fillna("") != ""]
+    if published.empty:
+        return []
+    own = configured(table)
+    int8 = own[(own["activation"] == "int8") & (own["weight"] == "int8")]
+    int8 = int8[(int8["activation_bits"] == 8) & (int8["weight_bits"] == 8)]
+    rows = []
+    for reference in published.itertuples():
+        for r in [
+            reference,
+            *int8.sort_values(["backend", "accuracy"], ascending=[True, False]).itertuples(),
+        ]:
+            rows.append(
+                [
+                    r.label,
+                    f"{r.accuracy_pct:.2f}",
+                    f"{(r.accuracy - reference.accuracy) * 100:+.2f}",
+                    fmt(r.perf_subset_pct, ".1f"),
+                    fmt((r.accuracy_perf_subset - reference.accuracy_perf_subset) * 100, "+.1f"),
+                    fmt(r.accuracy_native * 100, ".2f") if np.isfinite(r.accuracy_native) else "—",
+                    r.execution or "—",
+                ]
+            )
+    headers = [
+        "configuration",
+        "accuracy (%)",
+        "Δ vs published (points)",
+        "perf subset (%)",
+        "Δ perf subset (points)",
+        "native (%)",
+        "execution",
+    ]
+    note = (
+        "Published int8 models (run tag `reference`) beside every int8/int8 configuration of this sweep: "
+        "accuracy on all 10,000 test images and on MLPerf Tiny's 200-image performance subset (the figure "
+        "MLPerf reports; one image is 0.5 points), both from the same predictions of the reference form. "
+        "MLPerf Tiny's model was calibrated on 500 images of the *test* split "
+        "(`calibration_samples_idxs.npy`); the toolchains here on 1,000 training images."
+    )
+    return ["## Published models", note, Table(headers, rows).markdown()]

@@ -17,7 +17,7 @@ from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
 from resnet8ptq.tracking.search import where
-from resnet8ptq.tracking.sweep import current_sweep_run
+from resnet8ptq.tracking.sweep import current_sweep_run, sweep_lock
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +91,14 @@ def find_sibling(experiment_id: str, **tags: str) -> str | None:
     conditions |= {f"tags.{key}": value for key, value in tags.items()}
     runs = MlflowClient().search_runs([experiment_id], where(conditions), max_results=1)
     return runs[0].info.run_id if runs else None
+
+
+@contextlib.contextmanager
+def first_in_sweep(experiment_id: str, **tags: str) -> Iterator[bool]:
+    """Whether no finished run with these tags is under the current sweep run yet, holding the sweep's lock
+    for them (parallel jobs of one sweep get here together): log that run inside the block to log it once."""
+    with sweep_lock("-".join(f"{key}-{value}" for key, value in sorted(tags.items()))):
+        yield find_sibling(experiment_id, **tags) is None
 
 
 def skip_finished(experiment_id: str, run_name: str, config_hash: str) -> float | None:

@@ -143,7 +143,8 @@ def weight_granularity(model: TFLiteModel) -> str:
         return "per-channel"
     if len(per_tensor) == len(model.weights):
         return "per-tensor"
-    return f"per-channel x{len(model.weights) - len(per_tensor)}, per-tensor x{len(per_tensor)} ({', '.join(per_tensor)})"
+    per_channel = len(model.weights) - len(per_tensor)
+    return f"per-channel x{per_channel}, per-tensor x{len(per_tensor)} ({', '.join(per_tensor)})"
 
 
 def quantized_ranges(model: TFLiteModel) -> list[TensorRange]:
