@@ -198,4 +198,5 @@ def latest_sweep_run(client: MlflowClient, experiment_name: str) -> str:
 
 def configured(table: pd.DataFrame) -> pd.DataFrame:
     """The quantized runs of configurations this tool made (not published models' runs)."""
-    return table[table["quantized"] & (table["reference"].fillna("") == "")]
+    published = table["reference"].fillna("") != "" if "reference" in table else False
+    return table[table["quantized"] & ~published]

@@ -24,7 +24,11 @@ REPORT_FILES = {
     figures.SIZE_PNG,
     figures.THROUGHPUT_PNG,
 }
-FP32 = {"onnx": (0.87, 320_000, 4000.0), "torch": (0.86, 330_000, 1000.0)}
+FP32 = {
+    "onnx": (0.87, 320_000, 4000.0),
+    "torch": (0.86, 330_000, 1000.0),
+    "tflite": (0.8719, 321_000, 2000.0),
+}
 # name: backend, dtype, (activation, weight), calib, per_channel, accuracy, size (bytes), throughput (img/s)
 QUANTIZED = {
     "A": ("onnx", "int8", ("int8", "int8"), "minmax", False, 0.865, 110_000, 5000.0),
@@ -41,6 +45,8 @@ LABELS = {
     "E": "torch uint8 minmax",
     "F": "torch u8s8 entropy",
 }
+# A published int8 model (tag reference), more accurate than every configuration: never recommended.
+PUBLISHED = ("tflite", ("int8", "int8"), 0.871, 98_000, 8000.0)
 # B loses 16 points on dog (0.71 vs 0.87) and gains 2 on cat, so its classes still average to 0.80.
 CLASS_OVERRIDES = {"B": {"dog": 0.71, "cat": 0.89}}
 AVX2 = Hardware("AMD EPYC", ("avx2", "fma"), 2)
@@ -81,6 +87,7 @@ def _metrics(name: str, accuracy: float, size: int, throughput: float) -> dict[s
     per_class = {c: accuracy for c in CLASS_NAMES} | CLASS_OVERRIDES.get(name, {})
     return {
         "accuracy": accuracy,
+        "accuracy_perf_subset": accuracy + 0.01,  # MLPerf Tiny's 200-image subset
         "model_size_bytes": size,
         "throughput_img_s": throughput,
         "latency_ms_b1": 1000 / throughput,
@@ -145,6 +152,13 @@ def build_store(root: Path) -> Store:
         }
         _log(client, run_id, metrics, {"dtype": dtype, "calib": calib, "backend": backend}, tags, "FINISHED")
         runs[name] = run_id
+    backend, (activation, weight), accuracy, size, throughput = PUBLISHED
+    run_id = _run(client, experiment_id, main, "mlperf-int8-published", 2_015, quantized="true")
+    tags = AVX2.tags() | {"backend": backend, "reference": "mlperf", "execution": "native"}
+    tags |= {"dtype.activation": activation, "dtype.weight": weight}
+    metrics = _metrics("P", accuracy, size, throughput) | {"accuracy_delta": accuracy - FP32[backend][0]}
+    _log(client, run_id, metrics, {"backend": backend}, tags, "FINISHED")
+    runs["P"] = run_id
     failed = _run(client, experiment_id, main, "F", 2_020, quantized="true", config_hash="hash-F")
     params = {"dtype": "u8s8", "calib": "entropy", "backend": "torch", "dtype.activation": "uint8"}
     tags = {"backend": "torch", "calib": "entropy", "per_channel": "false", "error": "RuntimeError: boom"}
@@ -185,6 +199,8 @@ def test_comparison_table_values_and_order(table: pd.DataFrame) -> None:
         LABELS["A"],
         LABELS["C"],
         LABELS["B"],
+        "tflite fp32",
+        "mlperf int8 (published)",
         "torch fp32",
         LABELS["D"],
         LABELS["E"],
@@ -206,10 +222,10 @@ def test_comparison_table_values_and_order(table: pd.DataFrame) -> None:
 def test_markdown_table_row(written: Path) -> None:
     text = (written / "report.md").read_text()
     assert (
-        "| onnx int8 minmax | onnx | int8 | int8/int8 | minmax | false | 86.50 | -0.50 | 107.4 | 2.91x "
-        "| 5000 | 0.200 | native |"
+        "| onnx int8 minmax | onnx | int8 | int8/int8 | minmax | false | 86.50 | 87.5 | -0.50 | 107.4 | "
+        "2.91x | 5000 | 0.200 | native |"
     ) in text
-    assert "| torch int8 minmax | torch | int8 | int8/int8 | minmax | false | 86.80 | +0.80 |" in text
+    assert "| torch int8 minmax | torch | int8 | int8/int8 | minmax | false | 86.80 | 87.8 | +0.80 |" in text
     assert "| -7.00 ⚠ |" in text, "the over-limit delta is marked"
 
 
@@ -220,11 +236,26 @@ def test_recommendations(table: pd.DataFrame) -> None:
     assert named["Smallest model"] == LABELS["E"], "B is smaller but over the drop limit"
     assert named["Fastest"] == LABELS["A"], "B is faster but over the drop limit"
     assert named["Best onnx"] == LABELS["A"] and named["Best torch"] == LABELS["D"]
+    assert "Best tflite" not in named, "the published model is no configuration of this tool"
     assert list(over["label"]) == [LABELS["B"]]
     # With a looser limit, B is allowed and wins smallest and fastest.
     picks, over = analysis.recommendations(table, max_drop_points=10.0)
     named = {pick.what: pick.label for pick in picks}
     assert named["Smallest model"] == named["Fastest"] == LABELS["B"] and over.empty
+
+
+def test_published_model_beside_the_int8_configurations(written: Path) -> None:
+    """The published model's row, then every int8/int8 configuration, with the differences to it on the full
+    test set and the perf subset."""
+    text = (written / "report.md").read_text()
+    assert "| mlperf int8 (published) | tflite | int8 | int8/int8 | — | — | 87.10 | 88.1 | -0.09 |" in text
+    section = text.split("## Published models")[1].split("## ")[0]
+    rows = [line for line in section.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    assert rows == [
+        "| mlperf int8 (published) | 87.10 | +0.00 | 88.1 | +0.0 | — | native |",
+        f"| {LABELS['A']} | 86.50 | -0.60 | 87.5 | -0.6 | — | native |",
+        f"| {LABELS['D']} | 86.80 | -0.30 | 87.8 | -0.3 | — | simulated |",
+    ]
 
 
 def test_recommendations_in_report(written: Path) -> None:
@@ -245,7 +276,7 @@ def test_ties_within_tolerance_go_to_the_more_accurate(table: pd.DataFrame) -> N
 def test_reference_and_native_side_by_side(written: Path) -> None:
     text = (written / "report.md").read_text()
     assert f"- hardware: {AVX2.label}" in text
-    assert "| 85.50 | -1.50 | 109.4 | 2.86x | 2000 | 0.500 | native-mismatch | 83.50 | -2.00 |" in text
+    assert "| 85.50 | 86.5 | -1.50 | 109.4 | 2.86x | 2000 | 0.500 | native-mismatch | 83.50 | -2.00 |" in text
     section = text.split("## Reference and native execution")[1].split("## ")[0]
     assert f"| {LABELS['C']} | {AVX2.label} | 85.50 | 83.50 | -2.00 | native-mismatch |" in section
     assert f"**native-mismatch** ({LABELS['C']}): this CPU has no int8 dot-product" in section
@@ -287,7 +318,8 @@ def test_failed_run_is_listed(written: Path) -> None:
 
 def test_per_class_worst(table: pd.DataFrame, written: Path) -> None:
     deltas = analysis.class_deltas(table)
-    assert deltas.shape == (10, 5)
+    assert deltas.shape == (10, 6), "the 5 configurations and the published model"
+    assert deltas.loc["airplane", "mlperf int8 (published)"] == pytest.approx(-0.09), "vs tflite's FP32"
     assert deltas.loc["dog", LABELS["B"]] == pytest.approx(-16.0)
     assert deltas.loc["cat", LABELS["B"]] == pytest.approx(2.0)
     assert deltas.loc["airplane", LABELS["D"]] == pytest.approx(0.8), "vs the FP32 of the same backend"
@@ -298,7 +330,7 @@ def test_per_class_worst(table: pd.DataFrame, written: Path) -> None:
 
 
 def test_pareto_front(table: pd.DataFrame) -> None:
-    points = table.reset_index(drop=True)
+    points = table[table["backend"] != "tflite"].reset_index(drop=True)
     by_size = analysis.pareto_front(points["size_kib"], points["accuracy_pct"], minimize_x=True)
     assert set(points.loc[by_size, "label"]) == {LABELS[n] for n in "ABDE"} | {"onnx fp32"}
     by_speed = analysis.pareto_front(points["throughput_img_s"], points["accuracy_pct"], minimize_x=False)

@@ -157,6 +157,7 @@ class TFLiteBackend(Backend):
         )
         quantized = self._quantized(path, timing.calib_seconds, timing.convert_seconds - timing.calib_seconds)
         quantized.metrics["conversion_process_seconds"] = time.perf_counter() - start
+        quantized.tags["quantizer"] = "tf.lite.TFLiteConverter"
         asked = "per-channel" if spec.per_channel else "per-tensor"
         if quantized.tags["weight_granularity"] != asked:
             raise RuntimeError(
@@ -169,7 +170,7 @@ class TFLiteBackend(Backend):
         if not self.mlperf_reference:
             return {}
         quantized = self._quantized(mlperf.quantized_model(cache_dir), 0.0, 0.0)
-        quantized.tags["model.source"] = mlperf.QUANT_MODEL_URL
+        quantized.tags |= {"model.source": mlperf.QUANT_MODEL_URL, "model.sha256": mlperf.QUANT_MODEL_SHA256}
         return {"mlperf": quantized}
 
     def _quantized(self, path: Path, calib_seconds: float, quantize_seconds: float) -> QuantizedModel:
@@ -196,7 +197,7 @@ class TFLiteBackend(Backend):
             calib_seconds=calib_seconds,
             quantize_seconds=quantize_seconds,
             metrics={"weights_bytes": float(sum(weight.values.nbytes for weight in model.weights))},
-            tags={"weight_granularity": weight_granularity(model), "quantizer": "tf.lite.TFLiteConverter"},
+            tags={"weight_granularity": weight_granularity(model)},
         )
 
     def layer_errors(self, fp32: Model, quantized: QuantizedModel, images: np.ndarray) -> list[LayerError]:

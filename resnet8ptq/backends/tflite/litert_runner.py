@@ -15,6 +15,7 @@ away from zero, clamped to the type), integer outputs dequantized (``(q - zero_p
 from __future__ import annotations
 
 import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -39,8 +40,10 @@ def dequantize(values: np.ndarray, scale: float, zero_point: int) -> np.ndarray:
 class TFLiteRunner:
     """A .tflite model as a predictor: NHWC float32 raw 0-255 images (any batch size) -> outputs (N, ...).
 
-    ``threads``: the interpreter's threads (None: every core this process may use).
-    ``preserve_all_tensors``: keep every intermediate tensor readable after :meth:`invoke` (for analysis).
+    ``threads``: compute threads (None: every core this process may use). The default kernels take them as
+    the interpreter's threads; the reference kernels are single-threaded, so ``threads`` interpreters share
+    each batch (``invoke`` releases the GIL). ``preserve_all_tensors``: one interpreter that keeps every
+    intermediate tensor readable after :meth:`invoke` (for analysis).
     """
 
     def __init__(
@@ -52,21 +55,54 @@ class TFLiteRunner:
     ) -> None:
         self.path = Path(path)
         self.reference = reference
-        self.interpreter = Interpreter(
-            model_path=str(path),
-            num_threads=threads or len(os.sched_getaffinity(0)),
-            experimental_op_resolver_type=OpResolverType.BUILTIN_REF if reference else OpResolverType.AUTO,
-            experimental_preserve_all_tensors=preserve_all_tensors,
-        )
-        self._input = self.interpreter.get_input_details()[0]
+        threads = threads or len(os.sched_getaffinity(0))
+        copies = threads if reference and not preserve_all_tensors else 1
+        self._slots = [
+            _Slot(
+                Interpreter(
+                    model_path=str(path),
+                    num_threads=1 if reference else threads,
+                    experimental_op_resolver_type=OpResolverType.BUILTIN_REF
+                    if reference
+                    else OpResolverType.AUTO,
+                    experimental_preserve_all_tensors=preserve_all_tensors,
+                )
+            )
+            for _ in range(copies)
+        ]
+        self.interpreter = self._slots[0].interpreter
+        self._pool = ThreadPoolExecutor(copies) if copies > 1 else None
+
+    def invoke(self, images: np.ndarray) -> np.ndarray:
+        """Run one batch on :attr:`interpreter`; return the output, dequantized."""
+        return self._slots[0].invoke(images)
+
+    def __call__(self, images: np.ndarray) -> np.ndarray:
+        images = np.asarray(images, np.float32)
+        parts = []
+        for start in range(0, len(images), BATCH):
+            batch = images[start : start + BATCH]
+            if self._pool is None or len(batch) < len(self._slots):
+                parts.append(self.invoke(batch))
+            else:
+                shares = np.array_split(batch, len(self._slots))
+                parts += list(self._pool.map(_Slot.invoke, self._slots, shares))
+        return np.concatenate(parts) if parts else np.zeros((0, 10), np.float32)
+
+
+class _Slot:
+    """One interpreter and the batch size its input is allocated for."""
+
+    def __init__(self, interpreter: Interpreter) -> None:
+        self.interpreter = interpreter
+        self._input = interpreter.get_input_details()[0]
         self._batch: int | None = None
 
     def invoke(self, images: np.ndarray) -> np.ndarray:
         """Run one batch (resizing the input when its size changes); return the output, dequantized."""
         if len(images) != self._batch:
-            self.interpreter.resize_tensor_input(
-                self._input["index"], [len(images), *self._input["shape"][1:]]
-            )
+            shape = [len(images), *self._input["shape"][1:]]
+            self.interpreter.resize_tensor_input(self._input["index"], shape)
             self.interpreter.allocate_tensors()
             self._batch = len(images)
         dtype = self._input["dtype"]
@@ -77,8 +113,3 @@ class TFLiteRunner:
         output = self.interpreter.get_output_details()[0]
         values = self.interpreter.get_tensor(output["index"])
         return values if output["dtype"] == np.float32 else dequantize(values, *output["quantization"])
-
-    def __call__(self, images: np.ndarray) -> np.ndarray:
-        images = np.asarray(images, np.float32)
-        parts = [self.invoke(images[start : start + BATCH]) for start in range(0, len(images), BATCH)]
-        return np.concatenate(parts) if parts else np.zeros((0, 10), np.float32)
