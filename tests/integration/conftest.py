@@ -1,14 +1,18 @@
 """Fixtures of the integration tier: the real CIFAR-10 and model (RESNET8PTQ_ASSETS, default ../shared), the
-converted model, an MLflow store, and `run.py` run as a user would."""
+converted model, an MLflow store, `run.py` run as a user would, and one sweep of the three toolchains that
+several modules check."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
 from resnet8ptq.data import BINARY_DIR, Cifar10, load_cifar10
@@ -88,3 +92,39 @@ def run_cli(cli_env: dict[str, str]):
         )
 
     return run
+
+
+TOOLCHAIN_SWEEP = ("-m", "backend=onnx,torch,tflite", "dtype=int8", "per_channel=true")
+"""The issue-12 command: the three toolchains' int8 beside MLPerf Tiny's own model."""
+REGISTERED = "resnet8-best"
+
+
+@dataclass
+class Sweeps:
+    workdir: Path
+    client: MlflowClient
+    first: Run  # the sweep that ran every configuration
+    second: Run  # the same command again: every configuration reused
+    children: list[Run]  # the first sweep's runs
+    first_log: str
+
+
+@pytest.fixture(scope="session")
+def sweeps(run_cli, initialised_store: Path, tmp_path_factory: pytest.TempPathFactory) -> Sweeps:
+    """`run.py` + TOOLCHAIN_SWEEP (registering its most accurate model), then the same command again."""
+    workdir = tmp_path_factory.mktemp("toolchains")
+    shutil.copy(initialised_store, workdir / "mlflow.db")
+    first = run_cli(workdir, *TOOLCHAIN_SWEEP, f"mlflow.register_as={REGISTERED}")
+    assert first.returncode == 0, first.stderr[-3000:]
+    second = run_cli(workdir, *TOOLCHAIN_SWEEP)
+    assert second.returncode == 0, second.stderr[-3000:]
+    client = MlflowClient(f"sqlite:///{workdir / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("resnet8ptq")
+    parents = client.search_runs(
+        [experiment.experiment_id], "tags.sweep = 'true'", order_by=["attributes.start_time ASC"]
+    )
+    assert len(parents) == 2
+    children = client.search_runs(
+        [experiment.experiment_id], f"tags.mlflow.parentRunId = '{parents[0].info.run_id}'"
+    )
+    return Sweeps(workdir, client, *parents, children, first.stdout + first.stderr)

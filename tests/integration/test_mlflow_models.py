@@ -1,7 +1,7 @@
-"""MLflow the way its users expect it, after a real sweep of both backends run twice: every run's model logged
-as an MLflow Model that predicts what the run measured (and serves over HTTP), the datasets as run inputs, the
-parent run named after its overrides, a resumed sweep that still reports everything, the recommended model in
-the Model Registry."""
+"""MLflow the way its users expect it, after a real sweep of the three toolchains run twice (`sweeps`, in
+conftest): every run's model logged as an MLflow Model that predicts what the run measured (and serves over
+HTTP), the datasets as run inputs, the parent run named after its overrides, a resumed sweep that still
+reports everything, the recommended model in the Model Registry."""
 
 from __future__ import annotations
 
@@ -11,55 +11,27 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
 from pathlib import Path
 
 import mlflow
 import numpy as np
 import pytest
 from mlflow.entities import Run
-from mlflow.tracking import MlflowClient
 
 from resnet8ptq.data import Cifar10, to_model_input
 from resnet8ptq.tracking.store import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG
+from tests.integration.conftest import REGISTERED, TOOLCHAIN_SWEEP, Sweeps
 from tests.integration.servers import free_port, stop, wait_until
-
-SWEEP = ("-m", "backend=onnx,torch", "dtype=u8s8")
-REGISTERED = "resnet8-best"
-
-
-@dataclass
-class Sweeps:
-    workdir: Path
-    client: MlflowClient
-    first: Run  # the sweep that ran both configurations
-    second: Run  # the same command again: both configurations reused
-    children: list[Run]  # the first sweep's runs
-    first_log: str
-
-
-@pytest.fixture(scope="module")
-def sweeps(run_cli, tmp_path_factory: pytest.TempPathFactory) -> Sweeps:
-    workdir = tmp_path_factory.mktemp("models")
-    first = run_cli(workdir, *SWEEP, f"mlflow.register_as={REGISTERED}")
-    assert first.returncode == 0, first.stderr[-3000:]
-    second = run_cli(workdir, *SWEEP)
-    assert second.returncode == 0, second.stderr[-3000:]
-    client = MlflowClient(f"sqlite:///{workdir / 'mlflow.db'}")
-    experiment = client.get_experiment_by_name("resnet8ptq")
-    parents = client.search_runs(
-        [experiment.experiment_id], "tags.sweep = 'true'", order_by=["attributes.start_time ASC"]
-    )
-    assert len(parents) == 2
-    children = client.search_runs(
-        [experiment.experiment_id], f"tags.mlflow.parentRunId = '{parents[0].info.run_id}'"
-    )
-    return Sweeps(workdir, client, *parents, children, first.stdout + first.stderr)
 
 
 @pytest.fixture(scope="module")
 def test_images(cifar: Cifar10) -> tuple[np.ndarray, np.ndarray]:
     return to_model_input(cifar.test_images), np.asarray(cifar.test_labels)
+
+
+def published(run: Run) -> bool:
+    """A published model's run (MLPerf Tiny's own int8 .tflite), not a configuration of the sweep."""
+    return "reference" in run.data.tags
 
 
 def probabilities(output: object) -> np.ndarray:
@@ -72,7 +44,7 @@ def probabilities(output: object) -> np.ndarray:
 def test_parent_runs_are_named_from_their_overrides(sweeps: Sweeps) -> None:
     for parent in (sweeps.first, sweeps.second):
         name, _, clock = parent.info.run_name.rpartition(" @ ")
-        assert name.startswith("backend=onnx,torch dtype=u8s8"), parent.info.run_name
+        assert name.startswith(" ".join(TOOLCHAIN_SWEEP[1:])), parent.info.run_name
         assert len(clock) == 5 and clock[2] == ":", parent.info.run_name
 
 
@@ -84,17 +56,18 @@ def test_experiment_opens_on_its_runs(sweeps: Sweeps) -> None:
 
 
 def test_every_run_logs_a_model_that_predicts_what_the_run_measured(sweeps: Sweeps, test_images) -> None:
-    """ONNX models load as mlflow.onnx pyfuncs, which run ORT with all optimisations: the runtime form, so
-    they reproduce `accuracy_native` where integer kernels ran. The .pt2 pyfunc runs the program eagerly:
-    the reference semantics, `accuracy`. The model carries the run's metrics and links back to it."""
+    """ONNX models load as mlflow.onnx pyfuncs, which run ORT with all optimisations, and .tflite models as
+    pyfuncs on LiteRT's default kernels: the runtime form, so they reproduce `accuracy_native` where integer
+    kernels ran. The .pt2 pyfunc runs the program eagerly: the reference semantics, `accuracy`. The model
+    carries the run's metrics and links back to it."""
     images, labels = test_images
     mlflow.set_tracking_uri(f"sqlite:///{sweeps.workdir / 'mlflow.db'}")
-    assert len(sweeps.children) == 4
+    assert len(sweeps.children) == 7, "3 FP32, 3 quantized, MLPerf Tiny's published int8 model"
     for run in sweeps.children:
         metrics, uri = run.data.metrics, run.data.tags["model_uri"]
         model = mlflow.pyfunc.load_model(uri)
         accuracy = float(np.mean(probabilities(model.predict(images)).argmax(axis=1) == labels))
-        runtime = run.data.tags["backend"] == "onnx" and "accuracy_native" in metrics
+        runtime = run.data.tags["backend"] in ("onnx", "tflite") and "accuracy_native" in metrics
         expected = metrics["accuracy_native"] if runtime else metrics["accuracy"]
         assert accuracy == expected, (run.info.run_name, accuracy, expected)
         logged = sweeps.client.get_logged_model(uri.removeprefix("models:/"))
@@ -155,7 +128,8 @@ def test_datasets_are_run_inputs(sweeps: Sweeps) -> None:
             next(t.value for t in d.tags if t.key == "mlflow.data.context"): d.dataset
             for d in run.inputs.dataset_inputs
         }
-        expected = {"evaluation", "calibration"} if run.data.tags["quantized"] == "true" else {"evaluation"}
+        calibrated = run.data.tags["quantized"] == "true" and not published(run)
+        expected = {"evaluation", "calibration"} if calibrated else {"evaluation"}
         assert set(inputs) == expected, run.info.run_name
         assert inputs["evaluation"].name == "cifar10-test"
         if "calibration" in inputs:
@@ -171,18 +145,22 @@ def test_resumed_sweep_reports_everything_it_covers(sweeps: Sweeps) -> None:
     experiment_id = second.info.experiment_id
     assert not sweeps.client.search_runs([experiment_id], f"tags.mlflow.parentRunId = '{second.info.run_id}'")
     reused = {v for k, v in second.data.tags.items() if k.startswith("reused.")}
-    quantized = {r.info.run_id for r in sweeps.children if r.data.tags["quantized"] == "true"}
+    quantized = {
+        r.info.run_id for r in sweeps.children if r.data.tags["quantized"] == "true" and not published(r)
+    }
     assert reused == quantized
     report = (Path(second.data.tags["sweep_dir"]) / "report.md").read_text()
     assert "Nothing to report" not in report
-    assert "reused from earlier sweeps: 2 configurations that had already FINISHED" in report
-    for label in ("onnx fp32", "onnx u8s8 minmax", "torch fp32", "torch u8s8 minmax"):
-        assert f"| {label} |" in report, label
+    assert "reused from earlier sweeps: 3 configurations that had already FINISHED" in report
+    for backend in ("onnx", "torch", "tflite"):
+        for label in (f"{backend} fp32", f"{backend} int8 minmax per-channel"):
+            assert f"| {label} |" in report, label
+    assert "| mlperf int8 (published) |" in report, "the earlier sweep's published model's run, reused"
 
 
 def test_most_accurate_model_is_registered(sweeps: Sweeps) -> None:
     (version,) = sweeps.client.search_model_versions(f"name = '{REGISTERED}'")
-    quantized = [r for r in sweeps.children if r.data.tags["quantized"] == "true"]
+    quantized = [r for r in sweeps.children if r.data.tags["quantized"] == "true" and not published(r)]
     best = max(quantized, key=lambda r: r.data.metrics["accuracy"])
     assert version.tags["source_run"] == best.info.run_id
     assert version.source == best.data.tags["model_uri"]
