@@ -36,7 +36,8 @@ def _verified(filename: str, url: str, sha256: str, cache_dir: Path, what: str) 
     actual = sha256_of(path)
     if actual != sha256:
         raise ValueError(
-            f"{path}: sha256 {actual} does not match MLPerf Tiny's {what} ({sha256}); replace it with {url}."
+            f"{path}: sha256 {actual} does not match that of {what} ({sha256}); replace it with a copy of "
+            f"{url}."
         )
     return path
 
@@ -44,7 +45,7 @@ def _verified(filename: str, url: str, sha256: str, cache_dir: Path, what: str) 
 @functools.cache
 def perf_subset_indices(cache_dir: Path) -> np.ndarray:
     """The test-set indices of MLPerf Tiny's 200-image performance subset (read once per process)."""
-    what = "MLPerf Tiny performance-subset indices"
+    what = "MLPerf Tiny's performance-subset indices"
     try:
         path = _verified(PERF_SUBSET_FILENAME, PERF_SUBSET_URL, PERF_SUBSET_SHA256, cache_dir, what)
     except (FetchError, ValueError) as err:
@@ -66,7 +67,7 @@ def perf_subset_indices(cache_dir: Path) -> np.ndarray:
 
 def quantized_model(cache_dir: Path) -> Path:
     """MLPerf Tiny's own int8 TFLite model of the ResNet8 (``pretrainedResnet_quant.tflite``)."""
-    what = "int8 TFLite model"
+    what = "MLPerf Tiny's int8 TFLite model"
     try:
         return _verified(QUANT_MODEL_FILENAME, QUANT_MODEL_URL, QUANT_MODEL_SHA256, cache_dir, what)
     except (FetchError, ValueError) as err:
