@@ -25,8 +25,8 @@ $(PROJECT): $(DEPS) pyproject.toml
 sweep: $(PROJECT)  ## the headline sweep: both backends x int8/uint8
 	$(BIN)/python run.py -m backend=onnx,torch dtype=int8,uint8
 
-grid: $(PROJECT)  ## every configuration of both backends (36 runs)
-	$(BIN)/python run.py -m backend=onnx,torch dtype=int8,uint8,u8s8 calib=minmax,entropy,percentile per_channel=false,true
+grid: $(PROJECT)  ## every configuration of the three toolchains (38 runs; tflite skips what it cannot make)
+	$(BIN)/python run.py -m backend=onnx,torch,tflite dtype=int8,uint8,u8s8 calib=minmax,entropy,percentile per_channel=false,true
 
 test: $(PROJECT)  ## the whole test suite (needs CIFAR-10 + model: RESNET8PTQ_ASSETS, default ../shared)
 	$(BIN)/python -m pytest

@@ -227,7 +227,7 @@ def log_published_once(
     backend: Backend,
     baseline: Baseline,
     data: Cifar10,
-    params: dict,
+    params: dict[str, object],
     tags: dict[str, str],
     output_dir: Path,
 ) -> None:
