@@ -121,7 +121,7 @@ class QuantizedModel:
     """A quantized model, saved, in its two forms, with what the run logs about how it was made."""
 
     path: Path
-    reference: Predictor  # the exact quantize/dequantize semantics (same on every CPU up to float rounding)
+    reference: Predictor  # the exact semantics: quantize/dequantize, or reference integer kernels (every CPU)
     runtime: Runtime  # what the library executes on this CPU (may be ``reference`` itself)
     activation_dtype: str  # effective storage type, read back from the saved model
     weight_dtype: str  # effective storage type, read back from the saved model

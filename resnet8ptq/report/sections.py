@@ -166,8 +166,9 @@ def execution_section(table: pd.DataFrame) -> list[str]:
         return []
     section = [
         "## Reference and native execution",
-        "`accuracy` is the reference semantics (the quantized model's exact quantize/dequantize "
-        "arithmetic, the same on every CPU). Where the runtime runs integer kernels, their accuracy on this "
+        "`accuracy` is the reference semantics (the quantized model's exact arithmetic: its "
+        "quantize/dequantize semantics, or for an integer-only TFLite model LiteRT's reference kernels; the "
+        "same on every CPU). Where the runtime runs integer kernels, their accuracy on this "
         "CPU is measured too: `native` when it matches the reference within the tolerance, "
         "`native-mismatch` when it does not.",
     ]
