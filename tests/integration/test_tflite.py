@@ -1,6 +1,6 @@
 """The TFLite toolchain on the real model and data: the sweep of the three toolchains (`sweeps`, conftest)
 with MLPerf Tiny's own int8 model beside them, checked against independent LiteRT runs; TFLite's integer
-arithmetic in the reference kernels; per-tensor and 16x8 conversions read back; a refused configuration."""
+arithmetic in the reference kernels; a per-tensor 16x8 conversion read back; a refused configuration."""
 
 from __future__ import annotations
 
@@ -222,49 +222,37 @@ def test_reference_kernels_compute_tflite_integer_arithmetic(
 
 
 @pytest.fixture(scope="module")
-def conversions(canonical_model: CanonicalModel, cifar: Cifar10, tmp_path_factory: pytest.TempPathFactory):
-    """int8 per-tensor and 16x8 models of the .h5 (read back, not evaluated)."""
+def per_tensor_16x8(
+    canonical_model: CanonicalModel, cifar: Cifar10, tmp_path_factory: pytest.TempPathFactory
+):
+    """`dtype=a16w8 per_channel=false` converted from the .h5 (read back, not evaluated): the sweep's model
+    is int8 per-channel, this one covers the other mode and the other granularity in one conversion."""
     calibration, _ = calibration_set(cifar, 100, 42)
+    spec = QuantSpec(
+        DtypeConfig("uint8", "int8", activation_bits=16), CalibConfig("minmax"), per_channel=False
+    )
     backend = TFLiteBackend(native=False, mlperf_reference=False)
-    specs = {
-        "per-tensor": QuantSpec(DtypeConfig("int8", "int8"), CalibConfig("minmax")),
-        "a16w8": QuantSpec(
-            DtypeConfig("uint8", "int8", activation_bits=16), CalibConfig("minmax"), per_channel=True
-        ),
-    }
-    return {
-        name: backend.quantize(canonical_model.h5_path, calibration, spec, tmp_path_factory.mktemp(name))
-        for name, spec in specs.items()
-    }
+    return backend.quantize(canonical_model.h5_path, calibration, spec, tmp_path_factory.mktemp("16x8"))
 
 
-def test_per_tensor_weights(conversions) -> None:
-    model = conversions["per-tensor"]
-    assert model.tags["weight_granularity"] == "per-tensor"
-    details = Interpreter(model_path=str(model.path)).get_tensor_details()
-    weights = [
-        t
-        for t in details
-        if t["dtype"] == np.int8
-        and len(t["shape"]) in (2, 4)
-        and t["name"].endswith(("/convolution", "/MatMul"))
-    ]
-    assert len(weights) == 10 and all(len(t["quantization_parameters"]["scales"]) == 1 for t in weights)
-
-
-def test_16x8_has_int16_activations(conversions) -> None:
-    """TFLite's 16x8 mode: symmetric int16 activations (zero point 0), int8 weights, read back."""
-    model = conversions["a16w8"]
-    assert (model.activation_dtype, model.weight_dtype, model.activation_bits, model.weight_bits) == (
-        "int16",
-        "int8",
+def test_16x8_per_tensor_read_back(per_tensor_16x8) -> None:
+    """TFLite's 16x8 mode: symmetric int16 activations (zero point 0), int8 weights with one scale each
+    (the converter's per-tensor switch took effect), as the interpreter reports the saved file."""
+    model = per_tensor_16x8
+    assert (model.activation_dtype, model.weight_dtype) == ("int16", "int8")
+    assert (model.activation_bits, model.weight_bits, model.tags["weight_granularity"]) == (
         16,
         8,
+        "per-tensor",
     )
-    interpreter = Interpreter(model_path=str(model.path))
-    activations = [t for t in interpreter.get_tensor_details() if t["dtype"] == np.int16]
+    details = Interpreter(model_path=str(model.path)).get_tensor_details()
+    activations = [t for t in details if t["dtype"] == np.int16]
     assert len(activations) > 10
     assert all(not t["quantization_parameters"]["zero_points"].any() for t in activations)
+    weights = [
+        t for t in details if t["name"].endswith(("/convolution", "/MatMul")) and t["dtype"] == np.int8
+    ]
+    assert len(weights) == 10 and all(len(t["quantization_parameters"]["scales"]) == 1 for t in weights)
 
 
 def test_refused_configuration_fails_with_what_it_can_run(
