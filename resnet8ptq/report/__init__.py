@@ -21,7 +21,7 @@ from resnet8ptq.config import ReportConfig
 from resnet8ptq.records import REFERENCE_TAG
 from resnet8ptq.report.analysis import hardware_lines
 from resnet8ptq.report.render import to_html
-from resnet8ptq.report.runs import ReportError, comparison_table, latest_per_config, runs_frame
+from resnet8ptq.report.runs import ReportError, comparison_table, configured, latest_per_config, runs_frame
 from resnet8ptq.report.sections import (
     Report,
     accuracy_map_section,
@@ -50,9 +50,11 @@ ARTIFACT_DIR = "report"
 def markdown(report: Report) -> str:
     """The whole report as Markdown (writing its figures into the report's directory)."""
     table = report.table
+    published = int(table["quantized"].sum()) - len(configured(table))
     counts = (
-        f"finished: {int(table['quantized'].sum())} quantized, {int((~table['quantized']).sum())} FP32 "
-        f"baseline(s); failed or unfinished: {len(report.failed)}"
+        f"finished: {len(configured(table))} quantized, "
+        + (f"{published} published model(s), " if published else "")
+        + f"{int((~table['quantized']).sum())} FP32 baseline(s); failed or unfinished: {len(report.failed)}"
     )
     parts = [
         f"# {report.title}",

@@ -313,7 +313,7 @@ def test_failed_run_is_listed(written: Path) -> None:
     text = (written / "report.md").read_text()
     assert "## Failed runs (1)" in text
     assert f"| {LABELS['F']} | F | FAILED | RuntimeError: boom |" in text
-    assert "failed or unfinished: 1" in text
+    assert "finished: 5 quantized, 1 published model(s), 3 FP32 baseline(s); failed or unfinished: 1" in text
 
 
 def test_per_class_worst(table: pd.DataFrame, written: Path) -> None:
