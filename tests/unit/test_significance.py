@@ -87,7 +87,7 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> tuple[MlflowClient, str, 
 
 @pytest.fixture(scope="module")
 def table(store: tuple[MlflowClient, str, dict[str, str]]) -> pd.DataFrame:
-    client, parent, ids = store
+    client, parent, _ = store
     frame = runs.runs_frame(client.search_runs([client.get_run(parent).info.experiment_id]))
     return report.tested_table(client, frame).set_index("run_name")
 
