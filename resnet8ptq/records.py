@@ -19,6 +19,7 @@ from resnet8ptq.backends.base import LayerError, MlflowFlavor, QuantizedModel
 from resnet8ptq.data import CLASS_NAMES
 from resnet8ptq.evaluate import Baseline, Evaluation
 from resnet8ptq.execution import QuantizedResult
+from resnet8ptq.statistics import accuracy_interval
 from resnet8ptq.tracking.models import log_datasets, log_model
 from resnet8ptq.tracking.runs import child_run, first_in_sweep, log_artifacts, log_metrics, set_tags
 
@@ -31,10 +32,13 @@ REFERENCE_TAG = "reference"
 
 
 def evaluation_metrics(evaluation: Evaluation, model_path: Path, perf_subset: np.ndarray) -> dict[str, float]:
-    """Metrics every run logs: accuracy (all test images, and MLPerf Tiny's performance subset from the same
-    predictions), per-class accuracy, model size."""
+    """Metrics every run logs: accuracy with its 95% confidence interval, accuracy on MLPerf Tiny's
+    performance subset (from the same predictions), per-class accuracy, model size."""
+    low, high = accuracy_interval(evaluation.correct, len(evaluation.labels))
     return {
         "accuracy": evaluation.accuracy,
+        "accuracy_ci_low": low,
+        "accuracy_ci_high": high,
         PERF_SUBSET_METRIC: evaluation.subset_accuracy(perf_subset),
         **{
             f"class_acc/{name}": acc for name, acc in zip(CLASS_NAMES, evaluation.class_accuracy, strict=True)
