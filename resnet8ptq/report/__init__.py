@@ -4,7 +4,8 @@
 the PNGs they show into a directory, and log them to the sweep's parent run under `report/`.
 `python -m resnet8ptq.report` is the command line (:mod:`.cli`); the sweep callback calls
 :func:`write_report` at the end of every invocation. Modules: :mod:`.runs` (MLflow -> table),
-:mod:`.analysis` (picks, fronts), :mod:`.figures`, :mod:`.sections` (Markdown), :mod:`.render` (HTML).
+:mod:`.analysis` (picks, fronts), :mod:`.figures`, :mod:`.sections` (Markdown; :mod:`.published`,
+:mod:`.significance`, :mod:`.widths` for their sections), :mod:`.render` (HTML).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from mlflow.tracking import MlflowClient
 from resnet8ptq.config import ReportConfig
 from resnet8ptq.records import REFERENCE_TAG
 from resnet8ptq.report.analysis import hardware_lines
+from resnet8ptq.report.published import published_section
 from resnet8ptq.report.render import to_html
 from resnet8ptq.report.runs import ReportError, comparison_table, configured, latest_per_config, runs_frame
 from resnet8ptq.report.sections import (
@@ -31,7 +33,6 @@ from resnet8ptq.report.sections import (
     layer_error_section,
     nothing_to_report_message,
     per_class_section,
-    published_section,
     recommendation_section,
     significance_section,
     tradeoff_section,

@@ -1,0 +1,56 @@
+"""The report's section on published models (MLPerf Tiny's own int8 .tflite) beside the sweep's int8
+configurations, on the full test set and on MLPerf Tiny's performance subset."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from resnet8ptq.report.analysis import fmt
+from resnet8ptq.report.runs import configured
+from resnet8ptq.report.sections import Table
+
+
+def published_section(table: pd.DataFrame) -> list[str]:
+    """Each backend's int8/int8 configurations beside the published int8 models (MLPerf Tiny's own), on
+    the full test set and on MLPerf Tiny's 200-image performance subset."""
+    published = table[table["reference"].fillna("") != ""]
+    if published.empty:
+        return []
+    own = configured(table)
+    int8 = own[(own["activation"] == "int8") & (own["weight"] == "int8")]
+    int8 = int8[(int8["activation_bits"] == 8) & (int8["weight_bits"] == 8)]
+    rows = []
+    for reference in published.itertuples():
+        for r in [
+            reference,
+            *int8.sort_values(["backend", "accuracy"], ascending=[True, False]).itertuples(),
+        ]:
+            rows.append(
+                [
+                    r.label,
+                    f"{r.accuracy_pct:.2f}",
+                    f"{(r.accuracy - reference.accuracy) * 100:+.2f}",
+                    fmt(r.perf_subset_pct, ".1f"),
+                    fmt((r.accuracy_perf_subset - reference.accuracy_perf_subset) * 100, "+.1f"),
+                    fmt(r.accuracy_native * 100, ".2f") if np.isfinite(r.accuracy_native) else "—",
+                    r.execution or "—",
+                ]
+            )
+    headers = [
+        "configuration",
+        "accuracy (%)",
+        "Δ vs published (points)",
+        "perf subset (%)",
+        "Δ perf subset (points)",
+        "native (%)",
+        "execution",
+    ]
+    note = (
+        "Published int8 models (run tag `reference`) beside every int8/int8 configuration of this sweep: "
+        "accuracy on all 10,000 test images and on MLPerf Tiny's 200-image performance subset (the figure "
+        "MLPerf reports; one image is 0.5 points), both from the same predictions of the reference form. "
+        "MLPerf Tiny's model was calibrated on 500 images of the *test* split "
+        "(`calibration_samples_idxs.npy`); the toolchains here on 1,000 training images."
+    )
+    return ["## Published models", note, Table(headers, rows).markdown()]
