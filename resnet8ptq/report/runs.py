@@ -152,7 +152,7 @@ def _configs(frame: pd.DataFrame) -> list[str]:
 def _labels(frame: pd.DataFrame) -> list[str]:
     """Short unique names: the configuration (`onnx u8s8 entropy per-channel`), with `seed N` when the runs
     have several calibration samples, and the run id where names still repeat."""
-    seeds = frame.loc[frame["quantized"], "seed"].unique() if len(frame) else []
+    seeds = frame.loc[frame["quantized"] & (frame["seed"] != ""), "seed"].unique() if len(frame) else []
     labels = [
         f"{config} seed {seed}" if len(seeds) > 1 and seed != "" else config
         for config, seed in zip(frame["config"], frame["seed"], strict=True)
