@@ -16,7 +16,14 @@ from resnet8ptq.statistics import accuracy_interval
 from resnet8ptq.tracking.search import where
 
 CLASS_METRIC = "class_acc/"
-TEST_COLUMNS = ("p_vs_fp32", "p_vs_fp32_holm", "p_vs_best", "p_vs_best_holm")  # paired tests' p-values
+TEST_COLUMNS = (  # paired tests' p-values (significance.paired_tests)
+    "p_vs_fp32",
+    "p_vs_fp32_holm",
+    "p_vs_best",
+    "p_vs_best_holm",
+    "p_vs_published",
+    "p_vs_published_holm",
+)
 TEST_IMAGES = 10_000  # every run is evaluated on the whole CIFAR-10 test set
 ROLES = ("activation", "weight")
 
@@ -224,3 +231,10 @@ def configured(table: pd.DataFrame) -> pd.DataFrame:
     """The quantized runs of configurations this tool made (not published models' runs)."""
     published = table["reference"].fillna("") != "" if "reference" in table else False
     return table[table["quantized"] & ~published]
+
+
+def int8_configurations(table: pd.DataFrame) -> pd.DataFrame:
+    """The configurations with 8-bit int8 activations and weights: the kind of model MLPerf Tiny publishes."""
+    own = configured(table)
+    int8 = (own["activation"] == "int8") & (own["weight"] == "int8")
+    return own[int8 & (own["activation_bits"] == 8) & (own["weight_bits"] == 8)]

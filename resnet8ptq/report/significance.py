@@ -18,7 +18,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from resnet8ptq.artifacts import EVALUATION_DIR, PREDICTIONS_FILE
-from resnet8ptq.report.runs import TEST_COLUMNS, configured
+from resnet8ptq.report.runs import TEST_COLUMNS, configured, int8_configurations
 from resnet8ptq.statistics import holm, mcnemar
 
 log = logging.getLogger(__name__)
@@ -62,25 +62,33 @@ def quiet_downloads() -> Iterator[None]:
 
 
 def paired_tests(table: pd.DataFrame, correct: dict[str, np.ndarray]) -> pd.DataFrame:
-    """The comparison table with paired-test columns (NaN where a run has no predictions):
+    """The comparison table with paired-test columns (NaN where a run has no predictions), each two-sided
+    exact McNemar, Holm-adjusted over its family of comparisons:
 
-    - ``p_vs_fp32`` / ``p_vs_fp32_holm``: each quantized configuration against its backend's FP32 model
-      (two-sided exact McNemar; Holm-adjusted over all those comparisons);
+    - ``p_vs_fp32`` / ``p_vs_fp32_holm``: each quantized configuration against its backend's FP32 model;
     - ``p_vs_best`` / ``p_vs_best_holm``: each quantized configuration against the most accurate one (the
-      report's *Best accuracy*), Holm-adjusted over those comparisons (published models take part only in
-      the first).
+      report's *Best accuracy*);
+    - ``p_vs_published`` / ``p_vs_published_holm``: each int8/int8 configuration against the published int8
+      model (MLPerf Tiny's), when the table has one. A published model is in no other family.
     """
     table = table.assign(**{column: np.nan for column in TEST_COLUMNS})  # no stale values
-    quantized = table[table["quantized"] & table["run_id"].isin(correct)]
-    fp32 = table[~table["quantized"] & table["run_id"].isin(correct)].drop_duplicates("backend")
+    tested = table[table["run_id"].isin(correct)]
+    own = configured(tested)
+    fp32 = tested[~tested["quantized"]].drop_duplicates("backend")
     fp32_run = dict(zip(fp32["backend"], fp32["run_id"], strict=True))
-    pairs = [(i, fp32_run[row.backend]) for i, row in quantized.iterrows() if row.backend in fp32_run]
-    _fill(table, pairs, correct, "p_vs_fp32")
-    own = configured(quantized)  # the report's Best accuracy is a configuration, not a published model
+    _fill(
+        table,
+        [(i, fp32_run[row.backend]) for i, row in own.iterrows() if row.backend in fp32_run],
+        correct,
+        "p_vs_fp32",
+    )
     if len(own):
         best = own.sort_values(["accuracy", "label"], ascending=[False, True], kind="stable").iloc[0]
-        pairs = [(i, best["run_id"]) for i in own.index if i != best.name]
-        _fill(table, pairs, correct, "p_vs_best")
+        _fill(table, [(i, best["run_id"]) for i in own.index if i != best.name], correct, "p_vs_best")
+    published = tested[tested["quantized"]].drop(own.index)
+    if len(published) == 1:
+        pairs = [(i, published["run_id"].iloc[0]) for i in int8_configurations(own).index]
+        _fill(table, pairs, correct, "p_vs_published")
     return table
 
 

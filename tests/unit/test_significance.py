@@ -127,3 +127,37 @@ def test_report_says_which_differences_are_significant(table: pd.DataFrame, tmp_
 def test_no_predictions_no_paired_tests() -> None:
     frame = runs.comparison_table(runs.runs_frame([]))
     assert significance.paired_tests(frame, {}).empty
+
+
+def test_int8_configurations_against_the_published_model() -> None:
+    """Only int8/int8 8-bit configurations are tested against the published model, in a family of their own;
+    the published model is in no other family (not the best, not tested against FP32)."""
+    published_right = flip(FP32_RIGHT, 3, 3)
+    rows = {
+        "fp32": (False, "", "float32", 8, FP32_RIGHT),
+        "int8-worse": (True, "", "int8", 8, flip(published_right, 70, 0)),
+        "int8-same": (True, "", "int8", 8, flip(published_right, 3, 2)),  # one image under it
+        "uint8": (True, "", "uint8", 8, flip(published_right, 70, 0)),
+        "published": (True, "mlperf", "int8", 8, published_right),
+    }
+    frame = pd.DataFrame(
+        [
+            {"run_id": name, "label": name, "backend": "tflite", "quantized": q, "reference": ref,
+             "activation": act, "weight": act, "activation_bits": bits, "weight_bits": bits,
+             "accuracy": right.mean()}
+            for name, (q, ref, act, bits, right) in rows.items()
+        ]
+    ).set_index("run_id", drop=False)  # fmt: skip
+    tested = significance.paired_tests(frame, {name: row[4] for name, row in rows.items()})
+    assert tested.at["int8-worse", "p_vs_published"] == pytest.approx(
+        mcnemar(rows["int8-worse"][4], published_right).p_value
+    )
+    assert (
+        tested.at["int8-worse", "p_vs_published_holm"] < 0.05 < tested.at["int8-same", "p_vs_published_holm"]
+    )
+    assert np.isnan(tested.at["uint8", "p_vs_published"]), "not an int8/int8 configuration"
+    assert np.isnan(tested.at["published", "p_vs_fp32"]) and np.isnan(tested.at["published", "p_vs_best"])
+    best = mcnemar(rows["int8-worse"][4], rows["int8-same"][4]).p_value
+    assert tested.at["int8-worse", "p_vs_best"] == pytest.approx(best), (
+        "the best configuration, not published"
+    )
