@@ -46,7 +46,10 @@ from resnet8ptq.backends.tflite.private_api import execution_nodes
 from resnet8ptq.fetch import sha256_of
 from resnet8ptq.model import converter_versions
 
-NO_NATIVE = "native execution disabled (backend.native=false): the reference kernels only"
+NO_NATIVE = (
+    "native execution disabled (backend.native=false): only LiteRT's reference integer kernels ran, not its "
+    "default ones"
+)
 CAN_RUN = (
     "backend=tflite runs dtype=int8 (int8 activations and weights: the TFLite Micro format) and dtype=a16w8 "
     "(TFLite's 16x8 mode: int16 activations, int8 weights), with 8-bit weights, calib=minmax"
@@ -103,9 +106,7 @@ def kernel_summary(runner: TFLiteRunner, model: TFLiteModel) -> str:
         return ", ".join(f"{op} x{n}" for op, n in counts.items())
 
     if not taken:
-        return (
-            f"the XNNPACK delegate took no op: LiteRT's built-in optimized kernels run all {len(model.ops)}"
-        )
+        return f"the XNNPACK delegate took no op: LiteRT's built-in optimized kernels run all {len(model.ops)} ops"
     built_in = f"; built-in kernels: {listing(rest)}" if rest else ""
     return (
         f"LiteRT's XNNPACK delegate runs {len(delegated)}/{len(model.ops)} ops in {partitions} partition(s) "
