@@ -106,7 +106,7 @@ def kernel_summary(runner: TFLiteRunner, model: TFLiteModel) -> str:
         return ", ".join(f"{op} x{n}" for op, n in counts.items())
 
     if not taken:
-        return f"the XNNPACK delegate took no op: LiteRT's built-in optimized kernels run all {len(model.ops)} ops"
+        return f"the XNNPACK delegate took no op: LiteRT's built-in kernels run all {len(model.ops)} ops"
     built_in = f"; built-in kernels: {listing(rest)}" if rest else ""
     return (
         f"LiteRT's XNNPACK delegate runs {len(delegated)}/{len(model.ops)} ops in {partitions} partition(s) "
