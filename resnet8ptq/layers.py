@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import onnx
 
 from resnet8ptq.backends.base import RAISED_BITS, LayerPrecision
+from resnet8ptq.config import ConfigError
 from resnet8ptq.model import layer_name
 from resnet8ptq.weight_grid import quantized_weights
 
@@ -18,7 +19,7 @@ SHARING_OPS = {"AveragePool", "Flatten", "MaxPool", "Reshape", "Slice", "Squeeze
 PT2E recipe shares them too (``SharedQuantizationSpec``). Raising such an output alone changes nothing."""
 
 
-class RaisedLayerError(ValueError):
+class RaisedLayerError(ConfigError):
     """A name in `raised_layers` that cannot be raised (unknown, or taking its input's quantization)."""
 
 

@@ -13,11 +13,18 @@ from mlflow.data.numpy_dataset import NumpyDataset
 from omegaconf import DictConfig
 
 from resnet8ptq.algorithms import Prepared
-from resnet8ptq.artifacts import config_file, evaluation_files, layer_error_files, ranges_file
+from resnet8ptq.artifacts import (
+    config_file,
+    evaluation_files,
+    layer_error_files,
+    layer_precision_file,
+    ranges_file,
+)
 from resnet8ptq.backends.base import LayerError, MlflowFlavor, QuantizedModel
 from resnet8ptq.data import CLASS_NAMES
 from resnet8ptq.evaluate import Baseline, Evaluation
 from resnet8ptq.execution import QuantizedResult
+from resnet8ptq.layers import raised_in
 from resnet8ptq.tracking.models import log_datasets, log_model
 from resnet8ptq.tracking.runs import child_run, find_sibling, log_artifacts, log_metrics, set_tags
 from resnet8ptq.tracking.sweep import sweep_lock
@@ -131,10 +138,13 @@ def log_quantized(
     output_dir: Path,
     model: ModelRecord,
     prepared: Prepared,
+    shared: Mapping[str, str],
 ) -> None:
-    """Everything a quantized run records: metrics, effective dtypes, execution, layer errors, artifacts,
-    the MLflow Model and the datasets; what the PTQ algorithms did and their seconds."""
+    """Everything a quantized run records: metrics, effective dtypes, execution, layer errors, every layer's
+    precision (``shared``: which layer takes which one's quantization), the layers raised to 16 bits,
+    artifacts, the MLflow Model and the datasets; what the PTQ algorithms did and their seconds."""
     worst = min(layer_errors, key=lambda error: error.sqnr_db)
+    raised = raised_in(quantized.layers, quantized.activation_bits, quantized.weight_bits)
     log_metrics(
         run_id,
         {**quantized_metrics(quantized, result, baseline, layer_errors), "algo_seconds": prepared.seconds},
@@ -149,6 +159,7 @@ def log_quantized(
             "execution": result.verdict.execution,
             "execution_reason": result.verdict.reason,
             "sqnr_worst_layer": f"{worst.layer} ({worst.kind}, {worst.sqnr_db:.1f} dB)",
+            **({"mixed_precision.raised": ",".join(raised)} if raised else {}),
             **quantized.tags,
             **prepared.tags,
         },
@@ -158,6 +169,7 @@ def log_quantized(
         [
             *evaluation_files(result.reference, output_dir / "evaluation", run_name, baseline.evaluation),
             *layer_error_files(layer_errors, output_dir, run_name),
+            *layer_precision_file(quantized.layers, shared, output_dir),
             ("model", quantized.path),
             *ranges_file(quantized.ranges, output_dir),
             *config_file(cfg, output_dir),

@@ -12,7 +12,7 @@ from torch import fx
 from torchao.quantization.pt2e.quantizer import QuantizationConfig, QuantizationSpec, SharedQuantizationSpec
 from torchao.quantization.pt2e.quantizer.x86_inductor_quantizer import X86InductorQuantizer
 
-from resnet8ptq.backends.base import RAISED_BITS, QuantSpec, TensorRange
+from resnet8ptq.backends.base import RAISED_BITS, QuantSpec, TensorRange, Unsupported
 from resnet8ptq.backends.torch.convert import onnx_module
 from resnet8ptq.backends.torch.observers import (
     TORCH_DTYPES,
@@ -133,7 +133,7 @@ class OrtAlignedX86Quantizer(X86InductorQuantizer):
                     done.add(name)
         missing = sorted(set(self.required) - done)
         if missing:
-            raise ValueError(
+            raise Unsupported(
                 f"raised_layers: {missing} are not quantized by the PyTorch recipe (X86InductorQuantizer); "
                 f"analysis/layer_sqnr.csv of a torch run lists the layers it quantizes."
             )
