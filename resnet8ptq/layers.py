@@ -95,7 +95,7 @@ def expected_raised(names: Iterable[str], model: onnx.ModelProto) -> set[str]:
 
 
 def raised_in(layers: Iterable[LayerPrecision], activation_bits: int, weight_bits: int) -> list[str]:
-    """The layers a saved model holds wider than the configuration's widths (read back), in model order."""
+    """The layers a saved model holds wider than the configured widths (``dtype.*_bits``), in model order."""
     base = {"activation": activation_bits, "weight": weight_bits}
     return [layer.layer for layer in layers if layer.bits > base[layer.kind]]
 
