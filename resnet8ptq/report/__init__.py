@@ -21,6 +21,7 @@ from resnet8ptq.config import ReportConfig
 from resnet8ptq.report.analysis import hardware_lines
 from resnet8ptq.report.render import to_html
 from resnet8ptq.report.runs import ReportError, comparison_table, latest_per_config, runs_frame
+from resnet8ptq.report.search import mixed_precision_section, search_section
 from resnet8ptq.report.sections import (
     Report,
     accuracy_map_section,
@@ -60,6 +61,7 @@ def markdown(report: Report) -> str:
         parts.append(f"**{nothing_to_report_message(report)}**")
     else:
         parts += recommendation_section(table, report.max_drop_points)
+        parts += search_section(report) + mixed_precision_section(report)
     if len(table):
         parts += ["## Comparison", comparison_rows(table, report.max_drop_points).markdown()]
         parts += execution_section(table)
@@ -135,6 +137,7 @@ def write_report(
         failed=frame[frame["status"] != "FINISHED"],
         max_drop_points=max_drop_points,
         out_dir=Path(out_dir or default_dir),
+        parent_tags=dict(tags),
     )
     return _finish(report, client, parent_run_id)
 

@@ -40,6 +40,9 @@ EMPTY_COLUMNS = [
     "config_hash",
     "error",
     "sqnr_worst_layer",
+    "raised",
+    "raised_count",
+    "base_hash",
 ]  # fmt: skip  (the columns runs_frame gives every run)
 
 
@@ -80,6 +83,7 @@ def runs_frame(runs: Iterable[Run]) -> pd.DataFrame:
             dtype += f" a{bits[0]}w{bits[1]}"  # widths set apart from the choice
         per_channel = (tags.get("per_channel") or params.get("per_channel", "?")).lower()
         machine = Hardware.from_tags(tags)
+        raised = tags.get("mixed_precision.raised", "")
         rows.append(
             {
                 "run_id": run.info.run_id,
@@ -104,6 +108,9 @@ def runs_frame(runs: Iterable[Run]) -> pd.DataFrame:
                 "config_hash": tags.get("config_hash", ""),
                 "error": tags.get("error", ""),
                 "sqnr_worst_layer": tags.get("sqnr_worst_layer", ""),
+                "raised": raised,
+                "raised_count": len([name for name in raised.split(",") if name]),
+                "base_hash": tags.get("mixed_precision.base_hash", ""),
                 **metrics,
             }
         )
@@ -124,7 +131,8 @@ def _labels(frame: pd.DataFrame) -> list[str]:
             channel = " per-channel" if row.per_channel == "true" else ""
             reduced = " reduce-range" if row.reduce_range == "true" else ""
             algo = f" {row.algo}" if row.algo not in ("none", "") else ""
-            labels.append(f"{row.backend} {row.dtype} {row.calib}{channel}{reduced}{algo}")
+            raised = f" +{row.raised_count}x16-bit" if row.raised_count else ""
+            labels.append(f"{row.backend} {row.dtype} {row.calib}{channel}{reduced}{algo}{raised}")
     counts = pd.Series(labels).value_counts()
     return [
         f"{label} [{run_id[:6]}]" if counts[label] > 1 else label
