@@ -94,10 +94,12 @@ def expected_raised(names: Iterable[str], model: onnx.ModelProto) -> set[str]:
     return raised | {layer for layer, origin in sharing(model).items() if origin in raised}
 
 
-def raised_in(layers: Iterable[LayerPrecision], activation_bits: int, weight_bits: int) -> list[str]:
-    """The layers a saved model holds wider than the configured widths (``dtype.*_bits``), in model order."""
-    base = {"activation": activation_bits, "weight": weight_bits}
-    return [layer.layer for layer in layers if layer.bits > base[layer.kind]]
+def raised_in(layers: Iterable[LayerPrecision], activation_bits: int) -> list[str]:
+    """The layers a saved model holds at 16 bits beyond its configuration, in model order: weights wider than
+    8 bits (a width's range may need one more bit than configured, e.g. uint8 holding 0..128 for 7-bit
+    per-channel weights, never more), activations wider than 8 bits and than ``dtype.activation_bits``."""
+    limit = {"activation": max(8, activation_bits), "weight": 8}
+    return [layer.layer for layer in layers if layer.bits > limit[layer.kind]]
 
 
 def base_precision(layers: Sequence[LayerPrecision], kind: str) -> tuple[str, int]:

@@ -137,7 +137,7 @@ def run(cfg: DictConfig, output_dir: Path, extra_tags: Mapping[str, str] | None 
 def check_layers(quantized: QuantizedModel, spec: QuantSpec, graph: onnx.ModelProto) -> dict[str, str]:
     """Fail unless the saved model holds exactly the requested layers (and those that take their
     quantization) at 16 bits; return which layer takes which one's quantization (layers.sharing)."""
-    wide = set(raised_in(quantized.layers, spec.dtype.activation_bits, spec.dtype.weight_bits))
+    wide = set(raised_in(quantized.layers, spec.dtype.activation_bits))
     expected = expected_raised(spec.raised_layers, graph)
     if wide != expected:
         raise RuntimeError(

@@ -144,7 +144,7 @@ def log_quantized(
     precision (``shared``: which layer takes which one's quantization), the layers raised to 16 bits,
     artifacts, the MLflow Model and the datasets; what the PTQ algorithms did and their seconds."""
     worst = min(layer_errors, key=lambda error: error.sqnr_db)
-    raised = raised_in(quantized.layers, cfg.dtype.activation_bits, cfg.dtype.weight_bits)
+    raised = raised_in(quantized.layers, cfg.dtype.activation_bits)
     log_metrics(
         run_id,
         {**quantized_metrics(quantized, result, baseline, layer_errors), "algo_seconds": prepared.seconds},
