@@ -38,7 +38,7 @@ class TargetConfig:
     def __post_init__(self) -> None:
         if self.max_drop_points is not None and self.max_drop_points < 0:
             raise ValueError(
-                f"target.max_drop_points={self.max_drop_points}: expected a number of points >= 0."
+                f"target.max_drop_points={self.max_drop_points}: expected points >= 0, or null (off)."
             )
         if self.layers_per_step < 1:
             raise ValueError(f"target.layers_per_step={self.layers_per_step}: expected a positive number.")
@@ -72,7 +72,7 @@ def reach_target(cfg: DictConfig, output_dir: Path, run: Callable[..., str]) -> 
     """Run steps until the drop is at most ``cfg.target.max_drop_points``; return the id of the run that meets
     it. ``run(cfg, output_dir, tags)`` runs one configuration (:func:`resnet8ptq.pipeline.run`). Raises
     :class:`TargetNotReached` (after recording it on the sweep run) when the steps end above the target."""
-    target: TargetConfig = OmegaConf.to_object(cfg.target)
+    target = TargetConfig(**OmegaConf.to_container(cfg.target, resolve=True))
     assert target.max_drop_points is not None
     requested = list(cfg.raised_layers)
     steps: list[Step] = []
