@@ -9,6 +9,7 @@ from __future__ import annotations
 import atexit
 import errno
 import logging
+import re
 import tempfile
 from datetime import datetime
 from pathlib import Path
@@ -86,7 +87,7 @@ def task(cfg: DictConfig) -> float | list[float] | None:
             raise RunFailed(f"Unsupported: {err}") from err
         job = " ".join(hydra_cfg.overrides.task)
         log.warning("Skipped %s: %s", job, err)
-        tag_sweep_unsupported(job.replace("=", "-").replace(" ", "_")[:200], str(err))
+        tag_sweep_unsupported(re.sub(r"[^\w\-.:/]", "_", job.replace("=", "-"))[:200], str(err))
         record_trial(f"{REFUSED}{err}")
         return None
     except (*KNOWN_ERRORS, TargetNotReached) as err:  # the run is FAILED (or the target missed), recorded
