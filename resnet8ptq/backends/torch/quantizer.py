@@ -20,7 +20,7 @@ from resnet8ptq.backends.torch.observers import (
     OrtWeightObserver,
 )
 from resnet8ptq.backends.torch.private_api import QUANT_ANNOTATION_KEY, x86_annotation
-from resnet8ptq.backends.torch.program import is_zero_pad
+from resnet8ptq.backends.torch.program import WEIGHTED_OPS, is_zero_pad, qdq_op
 from resnet8ptq.calibration import CalibConfig, batches
 from resnet8ptq.dtype import integer_range
 from resnet8ptq.model import layer_name
@@ -103,8 +103,6 @@ class OrtAlignedX86Quantizer(X86InductorQuantizer):
         """Node name -> (kind, layer) for the ops of a converted program that store a layer: each activation
         ``quantize_per_tensor`` (zero pads carry their input's) and each conv/linear (its weight). Read
         before saving, which drops the module metadata the names come from; saving keeps node names."""
-        from resnet8ptq.backends.torch.program import WEIGHTED_OPS, qdq_op
-
         found = {}
         for node in graph.nodes:
             if qdq_op(node) == "quantize_per_tensor" and not is_zero_pad(node.args[0]):
