@@ -71,8 +71,8 @@ def check_raised(names: Sequence[str], model: onnx.ModelProto, activation_bits: 
     if unknown:
         known = ", ".join(sorted(name for name in layers if name not in shared))
         raise RaisedLayerError(
-            f"raised_layers: {unknown} are not layers of this model. Layers (as in analysis/layer_sqnr.csv): "
-            f"{known}."
+            f"raised_layers: {unknown} are not layers of this model. Its tensors (a run's "
+            f"analysis/layer_sqnr.csv lists those its backend quantizes): {known}."
         )
     for name in names:
         if name in shared:

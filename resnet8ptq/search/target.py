@@ -72,7 +72,12 @@ def reach_target(cfg: DictConfig, output_dir: Path, run: Callable[..., str]) -> 
     """Run steps until the drop is at most ``cfg.target.max_drop_points``; return the id of the run that meets
     it. ``run(cfg, output_dir, tags)`` runs one configuration (:func:`resnet8ptq.pipeline.run`). Raises
     :class:`TargetNotReached` (after recording it on the sweep run) when the steps end above the target."""
-    target = TargetConfig(**OmegaConf.to_container(cfg.target, resolve=True))
+    from resnet8ptq.config import ConfigError
+
+    try:
+        target = TargetConfig(**OmegaConf.to_container(cfg.target, resolve=True))
+    except ValueError as err:
+        raise ConfigError(str(err)) from err
     assert target.max_drop_points is not None
     requested = list(cfg.raised_layers)
     steps: list[Step] = []

@@ -19,6 +19,7 @@ from resnet8ptq import report
 from resnet8ptq.backends.base import LayerPrecision, QuantSpec
 from resnet8ptq.backends.onnx.widths import raised_overrides
 from resnet8ptq.calibration import CalibConfig
+from resnet8ptq.config import ConfigError
 from resnet8ptq.dtype import DtypeConfig
 from resnet8ptq.layers import (
     RaisedLayerError,
@@ -87,7 +88,7 @@ def test_layers_that_take_their_inputs_quantization_follow_it() -> None:
 def test_raised_names_are_checked_before_any_work() -> None:
     model = small_model()
     check_raised(["r", "conv", "t"], model, activation_bits=8)
-    with pytest.raises(RaisedLayerError, match=r"\['nope'\] are not layers of this model.*c, conv, dense"):
+    with pytest.raises(RaisedLayerError, match=r"\['nope'\] are not layers of this model.*: c, conv, dense"):
         check_raised(["nope"], model, 8)
     with pytest.raises(RaisedLayerError, match="p takes the quantization of r; raise r instead"):
         check_raised(["p"], model, 8)
@@ -221,6 +222,11 @@ def test_steps_raise_the_lowest_sqnr_layers_until_the_target(store: MlflowClient
     assert (
         outcome.startswith("target 0.1 points, 5 steps: reached at step 4") and "drop 0.02 points" in outcome
     )
+
+
+def test_a_bad_target_is_a_config_error_before_any_run(store: MlflowClient, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"target.layers_per_step=0: expected a positive number"):
+        reach_target(target_cfg(max_drop_points=0.1, layers_per_step=0), tmp_path, scripted_run(store, []))
 
 
 def test_an_unreachable_target_stops_with_why(store: MlflowClient, tmp_path: Path) -> None:
