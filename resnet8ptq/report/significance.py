@@ -4,22 +4,19 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from mlflow.environment_variables import MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from resnet8ptq.artifacts import EVALUATION_DIR, PREDICTIONS_FILE
 from resnet8ptq.report.runs import TEST_COLUMNS
 from resnet8ptq.statistics import holm, mcnemar
+from resnet8ptq.tracking.models import quiet_downloads
 
 log = logging.getLogger(__name__)
 
@@ -44,21 +41,6 @@ def load_correctness(client: MlflowClient, run_ids: list[str]) -> dict[str, np.n
         return {}
     reference = max(labels.values(), key=lambda array: sum(np.array_equal(array, o) for o in labels.values()))
     return {run_id: correct[run_id] for run_id in correct if np.array_equal(labels[run_id], reference)}
-
-
-@contextlib.contextmanager
-def quiet_downloads() -> Iterator[None]:
-    """No MLflow progress bar per downloaded file (one per run would flood the sweep's log)."""
-    setting = MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR
-    before = setting.get_raw()
-    setting.set(False)
-    try:
-        yield
-    finally:
-        if before is None:
-            setting.unset()
-        else:
-            os.environ[setting.name] = before
 
 
 def paired_tests(table: pd.DataFrame, correct: dict[str, np.ndarray]) -> pd.DataFrame:
