@@ -15,6 +15,7 @@ $(DEPS): requirements.lock
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --upgrade --quiet "pip>=24"
 	$(BIN)/python -m pip install -r requirements.lock
+	$(BIN)/python -c "import matplotlib.pyplot"  # builds matplotlib's font cache now, not in the first sweep
 	touch $@
 
 # The project itself, editable: jobs started by launchers (submitit, joblib) import it from the venv.

@@ -1,5 +1,7 @@
 """Entry point: `python run.py [overrides]` runs one configuration, `python run.py -m ...` sweeps."""
 
+import logging
+
 import hydra
 from omegaconf import DictConfig
 
@@ -13,4 +15,7 @@ def main(cfg: DictConfig) -> float:
 
 
 if __name__ == "__main__":
+    # A log record that cannot be written (e.g. the job's log file on a full disk) is dropped instead of
+    # printing a traceback beside the run's own one-line error (Python's advice for production use).
+    logging.raiseExceptions = False
     main()

@@ -14,6 +14,9 @@ from resnet8ptq.data import CLASS_NAMES
 from resnet8ptq.evaluate import Evaluation
 from resnet8ptq.plots import class_accuracy_png, confusion_matrix_png, layer_sqnr_png
 
+EVALUATION_DIR = "evaluation"
+PREDICTIONS_FILE = "predictions.csv"  # image (test-set index), label, predicted: for paired tests
+
 Artifact = tuple[str, Path]
 """(artifact directory in the run, local file)."""
 
@@ -21,8 +24,13 @@ Artifact = tuple[str, Path]
 def evaluation_files(
     evaluation: Evaluation, out_dir: Path, title: str, baseline: Evaluation | None = None
 ) -> list[Artifact]:
-    """Write confusion matrix and per-class accuracy (CSV + PNG) into out_dir; return (artifact dir, file)."""
+    """Write the predictions, confusion matrix and per-class accuracy (CSV + PNG) into out_dir; return
+    (artifact dir, file) pairs."""
     out_dir.mkdir(parents=True, exist_ok=True)
+    predictions = out_dir / PREDICTIONS_FILE
+    pd.DataFrame({"label": evaluation.labels, "predicted": evaluation.predictions}).rename_axis(
+        "image"
+    ).to_csv(predictions)
     confusion_csv = out_dir / "confusion_matrix.csv"
     pd.DataFrame(evaluation.confusion, index=CLASS_NAMES, columns=CLASS_NAMES).rename_axis(
         "true \\ predicted"
@@ -35,9 +43,10 @@ def evaluation_files(
     per_class.to_csv(class_csv, index=False)
     reference = None if baseline is None else baseline.class_accuracy
     return [
-        ("evaluation", confusion_csv),
+        (EVALUATION_DIR, predictions),
+        (EVALUATION_DIR, confusion_csv),
         (
-            "evaluation",
+            EVALUATION_DIR,
             confusion_matrix_png(
                 evaluation.confusion,
                 CLASS_NAMES,
@@ -45,9 +54,9 @@ def evaluation_files(
                 f"{title}: confusion matrix",
             ),
         ),
-        ("evaluation", class_csv),
+        (EVALUATION_DIR, class_csv),
         (
-            "evaluation",
+            EVALUATION_DIR,
             class_accuracy_png(
                 evaluation.class_accuracy,
                 CLASS_NAMES,

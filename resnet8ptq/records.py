@@ -25,6 +25,7 @@ from resnet8ptq.data import CLASS_NAMES
 from resnet8ptq.evaluate import Baseline, Evaluation
 from resnet8ptq.execution import QuantizedResult
 from resnet8ptq.layers import raised_in
+from resnet8ptq.statistics import accuracy_interval
 from resnet8ptq.tracking.models import log_datasets, log_model
 from resnet8ptq.tracking.runs import child_run, find_sibling, log_artifacts, log_metrics, set_tags
 from resnet8ptq.tracking.sweep import sweep_lock
@@ -34,9 +35,12 @@ QUANTIZATION_SETTINGS = ("dtype", "calib", "algo", "per_channel", "reduce_range"
 
 
 def evaluation_metrics(evaluation: Evaluation, model_path: Path) -> dict[str, float]:
-    """Metrics every run logs: accuracy, per-class accuracy, model size."""
+    """Metrics every run logs: accuracy with its 95% confidence interval, per-class accuracy, model size."""
+    low, high = accuracy_interval(evaluation.correct, len(evaluation.labels))
     return {
         "accuracy": evaluation.accuracy,
+        "accuracy_ci_low": low,
+        "accuracy_ci_high": high,
         **{
             f"class_acc/{name}": acc for name, acc in zip(CLASS_NAMES, evaluation.class_accuracy, strict=True)
         },

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
+import pandas as pd
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
@@ -24,8 +25,6 @@ from resnet8ptq.report.runs import ReportError, comparison_table, latest_per_con
 from resnet8ptq.report.search import mixed_precision_section, search_section
 from resnet8ptq.report.sections import (
     Report,
-    accuracy_map_section,
-    algorithm_section,
     comparison_rows,
     execution_section,
     failed_rows,
@@ -33,8 +32,11 @@ from resnet8ptq.report.sections import (
     nothing_to_report_message,
     per_class_section,
     recommendation_section,
+    significance_section,
     tradeoff_section,
 )
+from resnet8ptq.report.significance import load_correctness, paired_tests
+from resnet8ptq.report.widths import accuracy_map_section, algorithm_section
 from resnet8ptq.tracking.runs import REUSED_TAG_PREFIX
 from resnet8ptq.tracking.search import search_all
 from resnet8ptq.tracking.sweep import UNSUPPORTED_TAG_PREFIX
@@ -44,6 +46,11 @@ __all__ = ["ARTIFACT_DIR", "ReportError", "write_experiment_report", "write_repo
 log = logging.getLogger(__name__)
 
 ARTIFACT_DIR = "report"
+COLUMNS_NOTE = (
+    "`95% CI`: Wilson interval of the accuracy; `p vs FP32`: exact McNemar test against the backend's FP32 "
+    "model on the same test images, Holm-adjusted over the configurations (`*`: significant at 0.05); "
+    "see [Significance](#significance)."
+)
 
 
 def markdown(report: Report) -> str:
@@ -63,14 +70,21 @@ def markdown(report: Report) -> str:
         parts += recommendation_section(table, report.max_drop_points)
         parts += search_section(report) + mixed_precision_section(report)
     if len(table):
-        parts += ["## Comparison", comparison_rows(table, report.max_drop_points).markdown()]
+        parts += ["## Comparison", comparison_rows(table, report.max_drop_points).markdown(), COLUMNS_NOTE]
         parts += execution_section(table)
     if report.has_results:
+        parts += significance_section(table)
         parts += accuracy_map_section(report) + algorithm_section(table) + per_class_section(report)
         parts += layer_error_section(table) + tradeoff_section(report)
     parts.append(f"## Failed runs ({len(report.failed)})")
     parts.append(failed_rows(report.failed).markdown() if len(report.failed) else "None: every run finished.")
     return "\n\n".join(parts) + "\n"
+
+
+def tested_table(client: MlflowClient, frame: pd.DataFrame) -> pd.DataFrame:
+    """The comparison table of the runs, with the paired tests of their logged predictions."""
+    table = comparison_table(frame)
+    return paired_tests(table, load_correctness(client, table["run_id"].tolist()))
 
 
 def _finish(report: Report, client: MlflowClient, parent_run_id: str | None) -> Path | None:
@@ -133,7 +147,7 @@ def write_report(
     report = Report(
         title=f"Quantization report: {parent.info.run_name}",
         context=_context(len(frame), 0, context),
-        table=comparison_table(frame),
+        table=tested_table(client, frame),
         failed=frame[frame["status"] != "FINISHED"],
         max_drop_points=max_drop_points,
         out_dir=Path(out_dir or default_dir),
@@ -183,7 +197,7 @@ def write_experiment_report(
             superseded,
             [f"accuracy-drop limit: {max_drop_points:g} points", f"experiment: {experiment_name}"],
         ),
-        table=comparison_table(latest),
+        table=tested_table(client, latest),
         failed=latest[latest["status"] != "FINISHED"],
         max_drop_points=max_drop_points,
         out_dir=Path(out_dir or Path("runs") / f"report-{experiment_name}"),

@@ -10,6 +10,7 @@ import pandas as pd
 
 from resnet8ptq.data import CLASS_NAMES
 from resnet8ptq.report.runs import CLASS_METRIC
+from resnet8ptq.statistics import significant
 
 SIZE_TOLERANCE = 0.01  # model sizes within 1% count as equal when picking the smallest
 THROUGHPUT_TOLERANCE = 0.05  # throughputs within 5% (timing noise) count as equal when picking the fastest
@@ -18,6 +19,20 @@ THROUGHPUT_TOLERANCE = 0.05  # throughputs within 5% (timing noise) count as equ
 def fmt(value: float | None, spec: str, suffix: str = "") -> str:
     """Format a number, `n/a` when it is missing."""
     return "n/a" if value is None or not np.isfinite(value) else f"{value:{spec}}{suffix}"
+
+
+def interval(row: pd.Series) -> str:
+    """`95% CI 86.05-87.38` (percent), or `95% CI n/a`."""
+    low, high = row.get("accuracy_ci_low", np.nan), row.get("accuracy_ci_high", np.nan)
+    return f"95% CI {fmt(low * 100, '.2f')}-{fmt(high * 100, '.2f')}"
+
+
+def fmt_p(p_value: float) -> str:
+    """A (Holm-adjusted) p-value for a table: `0.012 *` when significant, `<0.001 *`, `0.41`, `—` if none."""
+    if not np.isfinite(p_value):
+        return "—"
+    text = "<0.001" if p_value < 0.001 else f"{p_value:.3f}"
+    return text + (" *" if significant(p_value) else "")
 
 
 @dataclass(frozen=True)
@@ -47,9 +62,11 @@ def _pick(
 
 
 def describe(row: pd.Series) -> str:
-    """`86.73% (-0.46 points vs FP32), 108.0 KiB (2.90x smaller), 2668 img/s, 0.094 ms at batch 1`."""
+    """`86.73% (95% CI 86.05-87.38; -0.46 points vs FP32), 108.0 KiB (2.90x smaller), 2668 img/s, 0.094 ms
+    at batch 1`."""
     return (
-        f"{fmt(row['accuracy_pct'], '.2f', '%')} ({fmt(row['delta_points'], '+.2f')} points vs FP32), "
+        f"{fmt(row['accuracy_pct'], '.2f', '%')} ({interval(row)}; "
+        f"{fmt(row['delta_points'], '+.2f')} points vs FP32), "
         f"{fmt(row['size_kib'], '.1f')} KiB ({fmt(row['size_reduction'], '.2f', 'x')} smaller), "
         f"{fmt(row['throughput_img_s'], '.0f')} img/s, {fmt(row['latency_ms_b1'], '.3f')} ms at batch 1"
     )

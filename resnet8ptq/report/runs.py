@@ -11,9 +11,12 @@ from mlflow.tracking import MlflowClient
 
 from resnet8ptq.data import CLASS_NAMES
 from resnet8ptq.hardware import Hardware
+from resnet8ptq.statistics import accuracy_interval
 from resnet8ptq.tracking.search import where
 
 CLASS_METRIC = "class_acc/"
+TEST_COLUMNS = ("p_vs_fp32", "p_vs_fp32_holm", "p_vs_best", "p_vs_best_holm")  # paired tests' p-values
+TEST_IMAGES = 10_000  # every run is evaluated on the whole CIFAR-10 test set
 ROLES = ("activation", "weight")
 
 
@@ -38,6 +41,7 @@ EMPTY_COLUMNS = [
     "hardware",
     "int8_dot_product",
     "config_hash",
+    "seed",
     "error",
     "sqnr_worst_layer",
     "raised",
@@ -48,6 +52,8 @@ EMPTY_COLUMNS = [
 
 METRIC_COLUMNS = (
     "accuracy",
+    "accuracy_ci_low",
+    "accuracy_ci_high",
     "accuracy_delta",
     "accuracy_native",
     "kernel_gap_points",
@@ -106,6 +112,7 @@ def runs_frame(runs: Iterable[Run]) -> pd.DataFrame:
                 "execution": tags.get("execution", "" if quantized else "native"),
                 "execution_reason": tags.get("execution_reason", ""),
                 "config_hash": tags.get("config_hash", ""),
+                "seed": params.get("data.seed", "") if quantized else "",
                 "error": tags.get("error", ""),
                 "sqnr_worst_layer": tags.get("sqnr_worst_layer", ""),
                 "raised": raised,
@@ -117,22 +124,34 @@ def runs_frame(runs: Iterable[Run]) -> pd.DataFrame:
     frame = pd.DataFrame(rows) if rows else pd.DataFrame(columns=EMPTY_COLUMNS).astype({"quantized": bool})
     for column in METRIC_COLUMNS:
         frame[column] = frame[column].astype(float) if column in frame else np.nan
+    frame["config"] = _configs(frame)
     frame["label"] = _labels(frame)
     return frame
 
 
-def _labels(frame: pd.DataFrame) -> list[str]:
-    """Short unique configuration names: `onnx int8 minmax`, `onnx u8s8 entropy per-channel`, `onnx fp32`."""
-    labels = []
+def _configs(frame: pd.DataFrame) -> list[str]:
+    """Configuration names without the calibration sample: `onnx int8 minmax`, `onnx fp32`, ..."""
+    configs = []
     for row in frame.itertuples():
         if not row.quantized:
-            labels.append(f"{row.backend} fp32")
+            configs.append(f"{row.backend} fp32")
         else:
             channel = " per-channel" if row.per_channel == "true" else ""
             reduced = " reduce-range" if row.reduce_range == "true" else ""
             algo = f" {row.algo}" if row.algo not in ("none", "") else ""
             raised = f" +{row.raised_count}x16-bit" if row.raised_count else ""
-            labels.append(f"{row.backend} {row.dtype} {row.calib}{channel}{reduced}{algo}{raised}")
+            configs.append(f"{row.backend} {row.dtype} {row.calib}{channel}{reduced}{algo}{raised}")
+    return configs
+
+
+def _labels(frame: pd.DataFrame) -> list[str]:
+    """Short unique names: the configuration (`onnx u8s8 entropy per-channel`), with `seed N` when the runs
+    have several calibration samples, and the run id where names still repeat."""
+    seeds = frame.loc[frame["quantized"], "seed"].unique() if len(frame) else []
+    labels = [
+        f"{config} seed {seed}" if len(seeds) > 1 and seed != "" else config
+        for config, seed in zip(frame["config"], frame["seed"], strict=True)
+    ]
     counts = pd.Series(labels).value_counts()
     return [
         f"{label} [{run_id[:6]}]" if counts[label] > 1 else label
@@ -166,9 +185,14 @@ def comparison_table(frame: pd.DataFrame) -> pd.DataFrame:
     delta = table["accuracy_delta"].where(table["accuracy_delta"].notna(), table["accuracy"] - base_accuracy)
     fp32_size = table["fp32_size_bytes"].where(table["fp32_size_bytes"].notna(), base_size)
     table["accuracy_pct"] = table["accuracy"] * 100
+    for i in table.index[table["accuracy_ci_low"].isna() & table["accuracy"].notna()]:
+        # runs logged before the interval was: every run evaluates the whole test set
+        correct = round(table.at[i, "accuracy"] * TEST_IMAGES)
+        table.loc[i, ["accuracy_ci_low", "accuracy_ci_high"]] = accuracy_interval(correct, TEST_IMAGES)
     table["delta_points"] = np.where(table["quantized"], delta * 100, 0.0)
     table["size_kib"] = table["model_size_bytes"] / 1024
     table["size_reduction"] = np.where(table["quantized"], fp32_size / table["model_size_bytes"], 1.0)
+    table = table.assign(**{column: np.nan for column in TEST_COLUMNS})  # filled by significance.paired_tests
     table["sort_accuracy"] = -table["accuracy"].fillna(-1)
     table = table.sort_values(["backend", "quantized", "sort_accuracy", "label"], kind="stable")
     return table.drop(columns="sort_accuracy").reset_index(drop=True)

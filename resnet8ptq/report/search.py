@@ -7,7 +7,7 @@ import re
 
 import pandas as pd
 
-from resnet8ptq.report.analysis import fmt, pareto_mask
+from resnet8ptq.report.analysis import fmt, fmt_p, pareto_mask
 from resnet8ptq.report.figures import MIXED_PRECISION_PNG, SEARCH_PNG, mixed_precision_png, search_png
 from resnet8ptq.report.sections import Report, Table
 from resnet8ptq.search.objectives import REFUSED, TRIAL_TAG_PREFIX
@@ -20,6 +20,14 @@ OBJECTIVE_DISPLAY = {
     "latency_ms_b1": ("latency b1 (ms)", 1.0, ".3f"),
 }
 """Objective -> (column title, scale, format) as the report shows it."""
+
+
+CI_COLUMNS = ["accuracy_ci_low", "accuracy_ci_high"]
+
+
+def _interval(row) -> str:
+    """The accuracy's 95% interval in percent, as the comparison table shows it."""
+    return f"{fmt(row.accuracy_ci_low * 100, '.2f')}-{fmt(row.accuracy_ci_high * 100, '.2f')}"
 
 
 def search_section(report: Report) -> list[str]:
@@ -40,9 +48,8 @@ def search_section(report: Report) -> list[str]:
             unfinished.append(f"#{number} (run {outcome[:8]})")
         else:
             row = by_run.loc[outcome]
-            rows.append(
-                {"trial": number, "label": row["label"], "run_id": outcome, **row[objectives].to_dict()}
-            )
+            values = row[[*objectives, *CI_COLUMNS]].to_dict()
+            rows.append({"trial": number, "label": row["label"], "run_id": outcome, **values})
     directions = ", ".join(
         f"{o} ({'max' if up else 'min'}imize)" for o, up in zip(objectives, maximize, strict=True)
     )
@@ -60,12 +67,14 @@ def search_section(report: Report) -> list[str]:
     trials = pd.DataFrame(rows)
     trials.attrs["maximize"] = maximize
     front = pareto_mask(trials[objectives].to_numpy(float), maximize)
-    headers = ["trial", "configuration", *(OBJECTIVE_DISPLAY[o][0] for o in objectives), "Pareto", "run"]
+    headers = ["trial", "configuration", *(OBJECTIVE_DISPLAY[o][0] for o in objectives), "accuracy 95% CI"]
+    headers += ["Pareto", "run"]
     table_rows = [
         [
             f"#{row.trial}",
             row.label,
             *(fmt(getattr(row, o) * OBJECTIVE_DISPLAY[o][1], OBJECTIVE_DISPLAY[o][2]) for o in objectives),
+            _interval(row),
             "yes" if optimal else "",
             row.run_id[:8],
         ]
@@ -133,7 +142,9 @@ def _steps_table(steps: pd.DataFrame, target: float | None) -> Table:
                 str(row.raised_count),
                 added,
                 fmt(row.accuracy_pct, ".2f"),
+                _interval(row),
                 fmt(drop, ".2f"),
+                fmt_p(row.p_vs_fp32_holm),
                 within,
                 fmt(row.size_kib, ".1f"),
                 fmt(row.throughput_img_s, ".0f"),
@@ -142,7 +153,7 @@ def _steps_table(steps: pd.DataFrame, target: float | None) -> Table:
             ]
         )
     headers = [
-        "step", "16-bit layers", "raised in this step", "accuracy (%)", "drop (points)", "within target",
-        "size (KiB)", "throughput (img/s)", "latency b1 (ms)", "run",
+        "step", "16-bit layers", "raised in this step", "accuracy (%)", "95% CI", "drop (points)",
+        "p vs FP32", "within target", "size (KiB)", "throughput (img/s)", "latency b1 (ms)", "run",
     ]  # fmt: skip
     return Table(headers, rows) if rows else Table(headers, [["—"] * len(headers)])

@@ -15,20 +15,21 @@ from resnet8ptq.report.analysis import (
     THROUGHPUT_TOLERANCE,
     class_deltas,
     fmt,
+    fmt_p,
     machine_names,
     pareto_front,
     recommendations,
     worst_classes,
 )
 from resnet8ptq.report.figures import (
-    ACCURACY_MAP_PNG,
     HEATMAP_PNG,
     SIZE_PNG,
     THROUGHPUT_PNG,
-    accuracy_map_png,
     class_delta_heatmap_png,
     tradeoff_png,
 )
+from resnet8ptq.report.significance import seed_spread
+from resnet8ptq.statistics import significant
 
 
 @dataclass(frozen=True)
@@ -88,7 +89,9 @@ def comparison_rows(table: pd.DataFrame, max_drop_points: float) -> Table:
         "calib",
         "per-channel",
         "accuracy (%)",
+        "95% CI (%)",
         "Δ vs FP32 (points)",
+        "p vs FP32",
         "size (KiB)",
         "size reduction",
         "throughput (img/s)",
@@ -112,7 +115,9 @@ def comparison_rows(table: pd.DataFrame, max_drop_points: float) -> Table:
                 row.calib or "—",
                 row.per_channel or "—",
                 fmt(row.accuracy_pct, ".2f"),
+                f"{fmt(row.accuracy_ci_low * 100, '.2f')}-{fmt(row.accuracy_ci_high * 100, '.2f')}",
                 fmt(row.delta_points, "+.2f", " ⚠" if over else ""),
+                fmt_p(row.p_vs_fp32_holm) if row.quantized else "—",
                 fmt(row.size_kib, ".1f"),
                 fmt(row.size_reduction, ".2f", "x"),
                 fmt(row.throughput_img_s, ".0f"),
@@ -142,6 +147,8 @@ def recommendation_section(table: pd.DataFrame, limit: float) -> list[str]:
     items = [f"**{pick.what}**: {pick.label} — {pick.detail}" for pick in picks]
     over_text = ", ".join(f"{r.label} ({r.delta_points:+.2f} points)" for r in over.itertuples())
     items.append(f"**Accuracy drop over {limit:g} points**: {over_text or 'none'}")
+    ties = best_ties_line(table)
+    items += [ties] if ties else []
     scope = (
         f"among the configurations within the {limit:g}-point limit"
         if len(over) < int(table["quantized"].sum())
@@ -276,58 +283,65 @@ def nothing_to_report_message(report: Report) -> str:
     )
 
 
-EXECUTION_MARK = {"native": "N", "native-mismatch": "N!", "simulated": "S"}
-MARK_LEGEND = "N native, N! native-mismatch, S simulated, - not run"
+PAIRED_TEST = "exact McNemar test on the same 10,000 test images, Holm-adjusted, alpha = 0.05"
 
 
-def accuracy_map_section(report: Report) -> list[str]:
-    """Accuracy over weight bits x activation bits, per backend, dtype and granularity, when the runs vary
-    the widths: a heatmap and, per panel, a table; every panel spans every width any run had."""
-    table = report.table[report.table["quantized"]]
-    if table[["activation_bits", "weight_bits"]].drop_duplicates().shape[0] < 2:
-        return []
-    kind = {role: table[role].str.extract(r"^(u?int)", expand=False) for role in ("activation", "weight")}
-    signedness = (kind["activation"] + "/" + kind["weight"]).rename("types")
-    grid = {
-        "index": pd.Index(sorted(table["weight_bits"].unique()), name="weight_bits"),
-        "columns": pd.Index(sorted(table["activation_bits"].unique()), name="activation_bits"),
-    }
-    maps, kinds, section = {}, {}, ["## Accuracy by bit width"]
-    for (backend, types, per_channel, calib, reduced), group in table.groupby(
-        ["backend", signedness, "per_channel", "calib", "reduce_range"], sort=True
-    ):
-        granularity = "per-channel" if per_channel == "true" else "per-tensor"
-        title = f"{backend} {types} {calib} {granularity}" + (" reduce-range" if reduced == "true" else "")
-        cells = group.drop_duplicates(["activation_bits", "weight_bits"]).set_index(
-            ["weight_bits", "activation_bits"]
+def best_ties_line(table: pd.DataFrame) -> str | None:
+    """Whether the most accurate configuration is significantly better than each other one (paired test)."""
+    tested = table[table["quantized"] & table["p_vs_best_holm"].notna()]
+    if tested.empty:
+        return None
+    best = table[table["quantized"]].sort_values(["accuracy", "label"], ascending=[False, True]).iloc[0]
+    ties = tested[~tested["p_vs_best_holm"].map(significant)].sort_values("accuracy", ascending=False)
+    if ties.empty:
+        return (
+            f"**Is the best really best?** Yes: {best['label']} is significantly more accurate than every "
+            f"other configuration ({PAIRED_TEST})."
         )
-        maps[title] = cells["accuracy_pct"].unstack().reindex(**grid)
-        kinds[title] = cells["execution"].map(EXECUTION_MARK).fillna("?").unstack().reindex(**grid)
-        headers = ["weight bits \\ activation bits", *map(str, grid["columns"])]
-        rows = [
-            [str(bits), *(fmt_cell(acc, kinds[title].at[bits, col]) for col, acc in row.items())]
-            for bits, row in maps[title].iloc[::-1].iterrows()
-        ]
-        section += [f"**{title}** (accuracy %; {MARK_LEGEND})", Table(headers, rows).markdown()]
-    path = accuracy_map_png(maps, kinds, report.out_dir / ACCURACY_MAP_PNG)
-    return [*section[:1], report.image(path, "accuracy by weight and activation bits"), *section[1:]]
+    names = [
+        f"{r.label} ({r.accuracy_pct:.2f}%, p {fmt_p(r.p_vs_best_holm)})" for r in ties.head(8).itertuples()
+    ]
+    more = f" and {len(ties) - 8} more" if len(ties) > 8 else ""
+    return (
+        f"**Is the best really best?** Not distinguishable from {len(ties)} of the other {len(tested)} "
+        f"configurations ({PAIRED_TEST}): {', '.join(names)}{more}."
+    )
 
 
-def fmt_cell(accuracy: float, mark: object) -> str:
-    """``86.6 N`` for a map cell, ``-`` where the configuration did not run."""
-    return "-" if pd.isna(accuracy) else f"{accuracy:.1f} {mark}".rstrip()
-
-
-def algorithm_section(table: pd.DataFrame) -> list[str]:
-    """Accuracy of each configuration with each PTQ algorithm (`algo`), when the runs vary it."""
+def significance_section(table: pd.DataFrame) -> list[str]:
+    """Which accuracy differences are real: the interval every accuracy carries, each configuration against
+    FP32 by a paired test, and the spread over calibration samples (`data.seed`) where the runs have it."""
     quantized = table[table["quantized"]]
-    algos = sorted(quantized["algo"].unique(), key=lambda name: (name != "none", name))
-    if len(algos) < 2:
-        return []
-    setting = quantized["backend"] + " " + quantized["dtype"] + " " + quantized["calib"]
-    setting += np.where(quantized["per_channel"] == "true", " per-channel", " per-tensor")
-    grid = quantized.assign(setting=setting).drop_duplicates(["setting", "algo"])
-    accuracy = grid.pivot(index="setting", columns="algo", values="accuracy_pct").reindex(columns=algos)
-    rows = [[name, *(fmt_cell(value, "") for value in row)] for name, row in accuracy.iterrows()]
-    note = "Accuracy (%) of each configuration quantized after each algorithm (`-`: not run)."
-    return ["## PTQ algorithms", note, Table(["configuration", *algos], rows).markdown()]
+    widths = (quantized["accuracy_ci_high"] - quantized["accuracy_ci_low"]) * 50
+    section = [
+        "## Significance",
+        f"Every accuracy carries its 95% Wilson interval (column `95% CI`; here ±{fmt(widths.min(), '.2f')} "
+        f"to ±{fmt(widths.max(), '.2f')} points). Overlapping intervals do not settle a comparison: the "
+        f"paired test ({PAIRED_TEST}) uses the images both models saw and is sharper.",
+    ]
+    tested = quantized[quantized["p_vs_fp32_holm"].notna()]
+    if tested.empty:
+        section.append(
+            "No paired tests: these runs did not log their predictions (evaluation/predictions.csv)."
+        )
+    else:
+        worse = tested["p_vs_fp32_holm"].map(significant) & (tested["delta_points"] < 0)
+        better = tested["p_vs_fp32_holm"].map(significant) & (tested["delta_points"] > 0)
+        same = tested[~worse & ~better]
+        section.append(
+            f"Against their backend's FP32 model: {int(worse.sum())} of {len(tested)} configurations are "
+            f"significantly less accurate, {int(better.sum())} significantly more, and {len(same)} not "
+            f"distinguishable" + (f": {', '.join(same['label'])}." if len(same) else ".")
+        )
+    spread = seed_spread(table)
+    if len(spread):
+        rows = [
+            [r.config, str(r.seeds), f"{r.mean:.2f} ± {r.std:.2f}", f"{r.min:.2f}-{r.max:.2f}"]
+            for r in spread.itertuples()
+        ]
+        headers = ["configuration", "seeds", "accuracy (%) mean ± std", "min-max (%)"]
+        section += [
+            "Over calibration samples (`data.seed`: another stratified sample of the training split each):",
+            Table(headers, rows).markdown(),
+        ]
+    return section

@@ -264,8 +264,8 @@ def test_report_shows_the_steps_and_the_search(store: MlflowClient, tmp_path: Pa
         in text
     )
     steps = text.split("## Mixed precision")[1].split("##")[0]
-    assert "| 1 | 4 | c, f, p, r | 87.00 | 0.19 | no |" in steps  # 2 requested, and the 2 that follow r
-    assert "| 2 | 6 | conv, t | 87.17 | 0.02 | yes |" in steps
+    assert "| 1 | 4 | c, f, p, r | 87.00 | 86.33-87.64 | 0.19 | — | no |" in steps  # 2 asked, 2 follow r
+    assert "| 2 | 6 | conv, t | 87.17 | 86.50-87.81 | 0.02 | — | yes |" in steps  # (no predictions logged)
     # all steps have the same size: the Pareto front is the most accurate step
     front = text.split("**Pareto front**")[1].split("\n")[0]
     assert front.startswith(" (1 of 3 trials): #3 ")

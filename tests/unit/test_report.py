@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from mlflow.tracking import MlflowClient
 from resnet8ptq import app, report
 from resnet8ptq.data import CLASS_NAMES
 from resnet8ptq.hardware import Hardware
-from resnet8ptq.report import analysis, cli, figures, runs, sections
+from resnet8ptq.report import analysis, cli, figures, runs, sections, widths
 
 REPORT_FILES = {
     "report.md",
@@ -203,13 +204,24 @@ def test_comparison_table_values_and_order(table: pd.DataFrame) -> None:
     assert LABELS["F"] not in set(table["label"]), "failed runs are listed apart, not compared"
 
 
+def wilson_pct(accuracy: float, n: int = 10_000, z: float = 1.959964) -> str:
+    """The Wilson 95% interval by its closed form, as the report prints it."""
+    centre = (accuracy + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(accuracy * (1 - accuracy) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return f"{100 * (centre - half):.2f}-{100 * (centre + half):.2f}"
+
+
 def test_markdown_table_row(written: Path) -> None:
     text = (written / "report.md").read_text()
+    assert wilson_pct(0.865) == "85.82-87.16"
     assert (
-        "| onnx int8 minmax | onnx | int8 | int8/int8 | minmax | false | 86.50 | -0.50 | 107.4 | 2.91x "
-        "| 5000 | 0.200 | native |"
+        "| onnx int8 minmax | onnx | int8 | int8/int8 | minmax | false | 86.50 | 85.82-87.16 | -0.50 | — "
+        "| 107.4 | 2.91x | 5000 | 0.200 | native |"
+    ) in text, "runs without logged predictions have no paired test"
+    assert (
+        "| torch int8 minmax | torch | int8 | int8/int8 | minmax | false | 86.80 | "
+        f"{wilson_pct(0.868)} | +0.80 |"
     ) in text
-    assert "| torch int8 minmax | torch | int8 | int8/int8 | minmax | false | 86.80 | +0.80 |" in text
     assert "| -7.00 ⚠ |" in text, "the over-limit delta is marked"
 
 
@@ -229,7 +241,10 @@ def test_recommendations(table: pd.DataFrame) -> None:
 
 def test_recommendations_in_report(written: Path) -> None:
     text = (written / "report.md").read_text()
-    assert f"**Best accuracy**: {LABELS['D']} — 86.80% (+0.80 points vs FP32)" in text
+    assert (
+        f"**Best accuracy**: {LABELS['D']} — 86.80% (95% CI {wilson_pct(0.868)}; +0.80 points vs FP32)"
+        in text
+    )
     assert f"**Smallest model**: {LABELS['E']} —" in text
     assert f"**Fastest**: {LABELS['A']} —" in text
     assert f"**Accuracy drop over 5 points**: {LABELS['B']} (-7.00 points)" in text
@@ -245,7 +260,10 @@ def test_ties_within_tolerance_go_to_the_more_accurate(table: pd.DataFrame) -> N
 def test_reference_and_native_side_by_side(written: Path) -> None:
     text = (written / "report.md").read_text()
     assert f"- hardware: {AVX2.label}" in text
-    assert "| 85.50 | -1.50 | 109.4 | 2.86x | 2000 | 0.500 | native-mismatch | 83.50 | -2.00 |" in text
+    assert (
+        f"| 85.50 | {wilson_pct(0.855)} | -1.50 | — | 109.4 | 2.86x | 2000 | 0.500 | native-mismatch "
+        "| 83.50 |" in text
+    )
     section = text.split("## Reference and native execution")[1].split("## ")[0]
     assert f"| {LABELS['C']} | {AVX2.label} | 85.50 | 83.50 | -2.00 | native-mismatch |" in section
     assert f"**native-mismatch** ({LABELS['C']}): this CPU has no int8 dot-product" in section
@@ -380,7 +398,7 @@ def test_accuracy_map_of_a_bit_width_sweep(tmp_path: Path) -> None:
     ]  # fmt: skip
     table = pd.DataFrame(rows)
     report_ = sections.Report("t", [], table, table.iloc[:0], 5.0, tmp_path)
-    text = "\n\n".join(sections.accuracy_map_section(report_))
+    text = "\n\n".join(widths.accuracy_map_section(report_))
     assert (
         "**torch uint/int minmax per-channel** (accuracy %; N native, N! native-mismatch, S simulated" in text
     )
@@ -390,8 +408,7 @@ def test_accuracy_map_of_a_bit_width_sweep(tmp_path: Path) -> None:
     assert (tmp_path / figures.ACCURACY_MAP_PNG).stat().st_size > 10_000
     one_width = table[(table["activation_bits"] == 8) & (table["weight_bits"] == 8)]
     assert (
-        sections.accuracy_map_section(sections.Report("t", [], one_width, table.iloc[:0], 5.0, tmp_path))
-        == []
+        widths.accuracy_map_section(sections.Report("t", [], one_width, table.iloc[:0], 5.0, tmp_path)) == []
     )
 
 
@@ -401,7 +418,7 @@ def test_algorithm_table(tmp_path: Path) -> None:
          "quantized": True, "accuracy_pct": accuracy}
         for algo, accuracy in (("none", 20.06), ("cle", 35.91), ("adaround", 81.73))
     ]  # fmt: skip
-    text = "\n".join(sections.algorithm_section(pd.DataFrame(rows)))
+    text = "\n".join(widths.algorithm_section(pd.DataFrame(rows)))
     assert "| configuration | none | adaround | cle |" in text
     assert "| onnx int8 a8w4 minmax per-tensor | 20.1 | 81.7 | 35.9 |" in text
-    assert sections.algorithm_section(pd.DataFrame(rows[:1])) == []
+    assert widths.algorithm_section(pd.DataFrame(rows[:1])) == []

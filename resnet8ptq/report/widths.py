@@ -1,0 +1,66 @@
+"""The report's sections for sweeps that vary bit widths or PTQ algorithms: the accuracy map (weight bits x
+activation bits) and the algorithm table."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from resnet8ptq.report.figures import ACCURACY_MAP_PNG, accuracy_map_png
+from resnet8ptq.report.sections import Report, Table
+
+EXECUTION_MARK = {"native": "N", "native-mismatch": "N!", "simulated": "S"}
+MARK_LEGEND = "N native, N! native-mismatch, S simulated, - not run"
+
+
+def accuracy_map_section(report: Report) -> list[str]:
+    """Accuracy over weight bits x activation bits, per backend, dtype and granularity, when the runs vary
+    the widths: a heatmap and, per panel, a table; every panel spans every width any run had."""
+    table = report.table[report.table["quantized"]]
+    if table[["activation_bits", "weight_bits"]].drop_duplicates().shape[0] < 2:
+        return []
+    kind = {role: table[role].str.extract(r"^(u?int)", expand=False) for role in ("activation", "weight")}
+    signedness = (kind["activation"] + "/" + kind["weight"]).rename("types")
+    grid = {
+        "index": pd.Index(sorted(table["weight_bits"].unique()), name="weight_bits"),
+        "columns": pd.Index(sorted(table["activation_bits"].unique()), name="activation_bits"),
+    }
+    maps, kinds, section = {}, {}, ["## Accuracy by bit width"]
+    for (backend, types, per_channel, calib, reduced), group in table.groupby(
+        ["backend", signedness, "per_channel", "calib", "reduce_range"], sort=True
+    ):
+        granularity = "per-channel" if per_channel == "true" else "per-tensor"
+        title = f"{backend} {types} {calib} {granularity}" + (" reduce-range" if reduced == "true" else "")
+        cells = group.drop_duplicates(["activation_bits", "weight_bits"]).set_index(
+            ["weight_bits", "activation_bits"]
+        )
+        maps[title] = cells["accuracy_pct"].unstack().reindex(**grid)
+        kinds[title] = cells["execution"].map(EXECUTION_MARK).fillna("?").unstack().reindex(**grid)
+        headers = ["weight bits \\ activation bits", *map(str, grid["columns"])]
+        rows = [
+            [str(bits), *(fmt_cell(acc, kinds[title].at[bits, col]) for col, acc in row.items())]
+            for bits, row in maps[title].iloc[::-1].iterrows()
+        ]
+        section += [f"**{title}** (accuracy %; {MARK_LEGEND})", Table(headers, rows).markdown()]
+    path = accuracy_map_png(maps, kinds, report.out_dir / ACCURACY_MAP_PNG)
+    return [*section[:1], report.image(path, "accuracy by weight and activation bits"), *section[1:]]
+
+
+def fmt_cell(accuracy: float, mark: object) -> str:
+    """``86.6 N`` for a map cell, ``-`` where the configuration did not run."""
+    return "-" if pd.isna(accuracy) else f"{accuracy:.1f} {mark}".rstrip()
+
+
+def algorithm_section(table: pd.DataFrame) -> list[str]:
+    """Accuracy of each configuration with each PTQ algorithm (`algo`), when the runs vary it."""
+    quantized = table[table["quantized"]]
+    algos = sorted(quantized["algo"].unique(), key=lambda name: (name != "none", name))
+    if len(algos) < 2:
+        return []
+    setting = quantized["backend"] + " " + quantized["dtype"] + " " + quantized["calib"]
+    setting += np.where(quantized["per_channel"] == "true", " per-channel", " per-tensor")
+    grid = quantized.assign(setting=setting).drop_duplicates(["setting", "algo"])
+    accuracy = grid.pivot(index="setting", columns="algo", values="accuracy_pct").reindex(columns=algos)
+    rows = [[name, *(fmt_cell(value, "") for value in row)] for name, row in accuracy.iterrows()]
+    note = "Accuracy (%) of each configuration quantized after each algorithm (`-`: not run)."
+    return ["## PTQ algorithms", note, Table(["configuration", *algos], rows).markdown()]

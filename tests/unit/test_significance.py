@@ -1,0 +1,129 @@
+"""Paired tests and seed spread in the report: predictions logged by the run's own artifact writer, read back
+from a real (SQLite) MLflow store."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from mlflow.entities import Metric, Param, RunTag
+from mlflow.tracking import MlflowClient
+
+from resnet8ptq import report
+from resnet8ptq.artifacts import evaluation_files
+from resnet8ptq.evaluate import Evaluation
+from resnet8ptq.report import runs, sections, significance
+from resnet8ptq.statistics import mcnemar
+
+IMAGES = 2_000
+RNG = np.random.default_rng(0)
+LABELS = RNG.integers(0, 10, IMAGES)
+FP32_RIGHT = RNG.random(IMAGES) < 0.87
+
+
+def predictions(right: np.ndarray) -> np.ndarray:
+    """Predicted classes that are right exactly where ``right`` says."""
+    return np.where(right, LABELS, (LABELS + 1) % 10)
+
+
+def flip(right: np.ndarray, lose: int, gain: int) -> np.ndarray:
+    """``right`` with ``lose`` right images made wrong and ``gain`` wrong ones made right."""
+    out = right.copy()
+    out[np.flatnonzero(right)[:lose]] = False
+    out[np.flatnonzero(~right)[:gain]] = True
+    return out
+
+
+# name -> (quantized, seed, per-image correctness); accuracies near FP32 0.87 on 2,000 images
+RUNS = {
+    "fp32": (False, "", FP32_RIGHT),
+    "worse": (True, "42", flip(FP32_RIGHT, 60, 5)),  # clearly worse than FP32 (and than the best)
+    "close-42": (True, "42", flip(FP32_RIGHT, 4, 6)),  # the best; indistinguishable from FP32
+    "close-7": (True, "7", flip(FP32_RIGHT, 6, 5)),  # same configuration, another calibration sample
+    "close-9": (True, "9", flip(FP32_RIGHT, 8, 4)),
+    "no-predictions": (True, "42", flip(FP32_RIGHT, 1, 1)),
+}
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> tuple[MlflowClient, str, dict[str, str]]:
+    root = tmp_path_factory.mktemp("store")
+    client = MlflowClient(f"sqlite:///{root / 'mlflow.db'}")
+    experiment = client.create_experiment("resnet8ptq", artifact_location=(root / "mlruns").as_uri())
+    tags = {"sweep": "true", "sweep_dir": str(root / "sweep"), "overrides": "synthetic"}
+    parent = client.create_run(experiment, run_name="sweep", tags=tags).info.run_id
+    ids = {}
+    for name, (quantized, seed, right) in RUNS.items():
+        config = "close" if name.startswith("close") else name
+        run = client.create_run(experiment, run_name=name, tags={"mlflow.parentRunId": parent}).info.run_id
+        client.log_batch(
+            run,
+            metrics=[Metric("accuracy", float(right.mean()), 0, 0), Metric("model_size_bytes", 1e5, 0, 0)],
+            params=[Param("data.seed", seed)] if quantized else [],
+            tags=[
+                RunTag(key, value)
+                for key, value in {
+                    "backend": "onnx",
+                    "quantized": str(quantized).lower(),
+                    "dtype.activation": "int8" if quantized else "float32",
+                    "dtype.weight": "int8" if quantized else "float32",
+                    "calib": config,
+                    "per_channel": "false",
+                    "config_hash": f"{name}",
+                }.items()
+            ],
+        )
+        if name != "no-predictions":
+            evaluation = Evaluation(predictions(right), LABELS, np.zeros((IMAGES, 10)), 1.0)
+            for directory, path in evaluation_files(evaluation, root / name, name)[:1]:
+                client.log_artifact(run, str(path), directory)
+        client.set_terminated(run, "FINISHED")
+        ids[name] = run
+    client.set_terminated(parent, "FINISHED")
+    return client, parent, ids
+
+
+@pytest.fixture(scope="module")
+def table(store: tuple[MlflowClient, str, dict[str, str]]) -> pd.DataFrame:
+    client, parent, _ = store
+    frame = runs.runs_frame(client.search_runs([client.get_run(parent).info.experiment_id]))
+    return report.tested_table(client, frame).set_index("run_name")
+
+
+def test_predictions_are_read_back_as_logged(store: tuple[MlflowClient, str, dict[str, str]]) -> None:
+    client, _, ids = store
+    correct = significance.load_correctness(client, list(ids.values()))
+    assert set(correct) == {ids[name] for name in RUNS if name != "no-predictions"}
+    assert np.array_equal(correct[ids["worse"]], RUNS["worse"][2])
+
+
+def test_paired_tests_against_fp32_and_the_best(table: pd.DataFrame) -> None:
+    expected = mcnemar(RUNS["worse"][2], FP32_RIGHT).p_value
+    assert table.at["worse", "p_vs_fp32"] == pytest.approx(expected)
+    assert table.at["worse", "p_vs_fp32"] < 1e-9
+    assert table.at["close-42", "p_vs_fp32"] > 0.5
+    # Holm over the 4 quantized runs with predictions: the smallest p is multiplied by 4
+    assert table.at["worse", "p_vs_fp32_holm"] == pytest.approx(min(4 * expected, 1.0))
+    assert np.isnan(table.at["no-predictions", "p_vs_fp32"]) and np.isnan(table.at["fp32", "p_vs_fp32"])
+    assert np.isnan(table.at["close-42", "p_vs_best"]), "the best is not tested against itself"
+    assert table.at["worse", "p_vs_best_holm"] < 0.05 < table.at["close-9", "p_vs_best_holm"]
+
+
+def test_report_says_which_differences_are_significant(table: pd.DataFrame, tmp_path: Path) -> None:
+    frame = table.reset_index()
+    text = "\n".join(sections.significance_section(frame))
+    assert "1 of 4 configurations are significantly less accurate, 0 significantly more, and 3 not" in text
+    assert "| onnx int8/int8 close | 3 |" in text, "the three seeds of one configuration are aggregated"
+    accuracies = [100 * RUNS[f"close-{seed}"][2].mean() for seed in ("42", "7", "9")]
+    assert f"{np.mean(accuracies):.2f} ± {np.std(accuracies, ddof=1):.2f}" in text
+    ties = sections.best_ties_line(frame)
+    assert ties is not None and "Not distinguishable from 2 of the other 3 configurations" in ties
+    assert "worse" not in ties and "close seed 7" in ties
+    assert "close seed 9" in ties
+
+
+def test_no_predictions_no_paired_tests() -> None:
+    frame = runs.comparison_table(runs.runs_frame([]))
+    assert significance.paired_tests(frame, {}).empty
