@@ -25,7 +25,13 @@ SEARCH = (
     "algo=none",
     "report.enabled=false",
 )
-ONNX_TARGET = ("backend=onnx", "dtype=int8", "target.max_drop_points=0.1", "target.layers_per_step=12")
+ONNX_TARGET = (
+    "backend=onnx",
+    "backend.native=false",
+    "dtype=int8",
+    "target.max_drop_points=0.1",
+    "target.layers_per_step=12",
+)
 TORCH_TARGET = ("backend=torch", "backend.native=false", "dtype=int8", "target.max_drop_points=0.1")
 
 
@@ -138,7 +144,7 @@ def test_onnx_mixed_precision_reaches_the_target_step_by_step(run_cli, workdir: 
 def test_an_unreachable_target_stops_with_its_reason(run_cli, workdir: Path) -> None:
     """Drop 0 within one step from the steps of the test above: both are reused, the search stops."""
     before = runs_of(workdir / "onnx")
-    result = run_cli(workdir / "onnx", *ONNX_TARGET[:2], "target.max_drop_points=0", "target.max_steps=1",
+    result = run_cli(workdir / "onnx", *ONNX_TARGET[:3], "target.max_drop_points=0", "target.max_steps=1",
                      "target.layers_per_step=12")  # fmt: skip
     assert result.returncode == 1
     assert (
