@@ -12,6 +12,7 @@ from mlflow.tracking import MlflowClient
 from resnet8ptq.data import CLASS_NAMES
 from resnet8ptq.hardware import Hardware
 from resnet8ptq.statistics import accuracy_interval
+from resnet8ptq.tracking.identity import config_hash
 from resnet8ptq.tracking.search import where
 
 CLASS_METRIC = "class_acc/"
@@ -42,6 +43,7 @@ EMPTY_COLUMNS = [
     "int8_dot_product",
     "config_hash",
     "seed",
+    "settings",
     "error",
     "sqnr_worst_layer",
     "raised",
@@ -113,6 +115,7 @@ def runs_frame(runs: Iterable[Run]) -> pd.DataFrame:
                 "execution_reason": tags.get("execution_reason", ""),
                 "config_hash": tags.get("config_hash", ""),
                 "seed": params.get("data.seed", "") if quantized else "",
+                "settings": settings_key(params) if quantized else "",
                 "error": tags.get("error", ""),
                 "sqnr_worst_layer": tags.get("sqnr_worst_layer", ""),
                 "raised": raised,
@@ -127,6 +130,12 @@ def runs_frame(runs: Iterable[Run]) -> pd.DataFrame:
     frame["config"] = _configs(frame)
     frame["label"] = _labels(frame)
     return frame
+
+
+def settings_key(params: dict[str, str]) -> str:
+    """What decides a run's result apart from its calibration sample (``data.seed``): runs with the same key
+    differ only in the sample."""
+    return config_hash({key: value for key, value in params.items() if key != "data.seed"}, {})
 
 
 def _configs(frame: pd.DataFrame) -> list[str]:

@@ -77,9 +77,14 @@ def _fill(
 
 
 def seed_spread(table: pd.DataFrame) -> pd.DataFrame:
-    """Per configuration run with more than one calibration sample (``data.seed``): the number of seeds and
-    the mean, standard deviation (ddof=1), minimum and maximum accuracy (%)."""
+    """Per configuration run with more than one calibration sample (``data.seed``; runs with the same other
+    settings): the number of seeds and the mean, standard deviation (ddof=1), minimum and maximum accuracy
+    (%)."""
     quantized = table[table["quantized"] & (table["seed"] != "")]
-    groups = quantized.groupby("config", sort=True)["accuracy_pct"]
-    spread = groups.agg(seeds="count", mean="mean", std="std", min="min", max="max").reset_index()
+    groups = quantized.groupby("settings", sort=True)
+    spread = groups["accuracy_pct"].agg(["mean", "std", "min", "max"])
+    spread = spread.join(groups["seed"].nunique().rename("seeds")).join(groups["config"].first())
+    spread = spread.reset_index()
+    repeated = spread["config"].duplicated(keep=False)  # one name, other settings: tell them apart
+    spread.loc[repeated, "config"] += " [" + spread.loc[repeated, "settings"].str[:6] + "]"
     return spread[spread["seeds"] > 1].sort_values("mean", ascending=False, kind="stable")
