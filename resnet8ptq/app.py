@@ -9,6 +9,7 @@ from __future__ import annotations
 import atexit
 import errno
 import logging
+import re
 import tempfile
 from datetime import datetime
 from pathlib import Path
@@ -18,18 +19,33 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.errors import CompactHydraException
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
-from omegaconf import DictConfig
+from mlflow.tracking import MlflowClient
+from omegaconf import DictConfig, OmegaConf
 
 from resnet8ptq import hardware
 from resnet8ptq.backends.base import Unsupported
 from resnet8ptq.config import ConfigError, ReportConfig
 from resnet8ptq.data import DataError
 from resnet8ptq.model import ModelError
+from resnet8ptq.search.objectives import (
+    REFUSED,
+    SearchConfig,
+    is_optuna,
+    objective_values,
+    sweep_tags,
+    trial_tag,
+)
 from resnet8ptq.tracking.identity import git_commit
 from resnet8ptq.tracking.runs import process_tags
 from resnet8ptq.tracking.stale import close_stale_runs
 from resnet8ptq.tracking.store import TrackingError, configure, runs_page
-from resnet8ptq.tracking.sweep import end_sweep_run, start_sweep_run, tag_sweep_error, tag_sweep_unsupported
+from resnet8ptq.tracking.sweep import (
+    current_sweep_run,
+    end_sweep_run,
+    start_sweep_run,
+    tag_sweep_error,
+    tag_sweep_unsupported,
+)
 
 log = logging.getLogger(__name__)
 
@@ -42,27 +58,39 @@ class RunFailed(CompactHydraException):
     """A known failure (settings, data, model, tracking store, disk): printed as its message, no traceback."""
 
 
-def task(cfg: DictConfig) -> float | None:
-    """One job: the pipeline on this configuration; returns its accuracy (what a sweeper optimises), or None
-    when the job belongs to a sweep and its backend refuses the configuration (:class:`Unsupported`).
+def task(cfg: DictConfig) -> float | list[float] | None:
+    """One job: the pipeline on this configuration (with ``target.max_drop_points``, the mixed-precision steps
+    to that target); returns the run's ``search.objectives`` as it logged them (one: a float, what a sweeper
+    optimises; several: a list), also for a run it resumes. None when the job belongs to a sweep and its
+    backend refuses the configuration (:class:`Unsupported`): an Optuna search records the trial as failed
+    and goes on.
 
     A failure is tagged on the sweep run (the job may fail before it has a run of its own) and re-raised,
     known failures as :class:`RunFailed`.
     """
     from resnet8ptq.pipeline import run  # the libraries: imported when a job runs, not at start-up
+    from resnet8ptq.search.target import TargetNotReached, reach_target
 
     hydra_cfg = HydraConfig.get()
     output_dir = Path(hydra_cfg.runtime.output_dir)
     try:
-        return run(cfg, output_dir)
+        objectives = search_settings(cfg).objectives
+        if cfg.target.max_drop_points is None:
+            run_id = run(cfg, output_dir)
+        else:
+            run_id = reach_target(cfg, output_dir, run)
+        values = objective_values(MlflowClient().get_run(run_id).data.metrics, objectives, run_id)
+        record_trial(run_id)
+        return values[0] if len(values) == 1 else values
     except Unsupported as err:  # a sweep goes on without it; a single run fails
         if hydra_cfg.mode != RunMode.MULTIRUN:
             raise RunFailed(f"Unsupported: {err}") from err
         job = " ".join(hydra_cfg.overrides.task)
         log.warning("Skipped %s: %s", job, err)
-        tag_sweep_unsupported(job.replace("=", "-").replace(" ", "_")[:200], str(err))
+        tag_sweep_unsupported(re.sub(r"[^\w\-.:/]", "_", job.replace("=", "-"))[:200], str(err))
+        record_trial(f"{REFUSED}{err}")
         return None
-    except KNOWN_ERRORS as err:  # the run is FAILED, its error recorded
+    except (*KNOWN_ERRORS, TargetNotReached) as err:  # the run is FAILED (or the target missed), recorded
         failure = RunFailed(f"{type(err).__name__}: {err}")
         tag_sweep_error(str(failure))
         raise failure from err
@@ -79,6 +107,22 @@ def task(cfg: DictConfig) -> float | None:
     except Exception as err:
         tag_sweep_error(f"{type(err).__name__}: {err}")
         raise
+
+
+def search_settings(cfg: DictConfig) -> SearchConfig:
+    """The `search` settings, validated (ConfigError names a bad objective)."""
+    try:
+        return OmegaConf.to_object(cfg.search)
+    except ValueError as err:
+        raise ConfigError(str(err)) from err
+
+
+def record_trial(outcome: str) -> None:
+    """In an Optuna search, note on the sweep run which run this job's trial was (or why it has none)."""
+    hydra_cfg = HydraConfig.get()
+    parent = current_sweep_run()
+    if parent and hydra_cfg.mode == RunMode.MULTIRUN and is_optuna(hydra_cfg.sweeper):
+        MlflowClient().set_tag(parent, trial_tag(hydra_cfg.job.num), outcome[:5000])
 
 
 class SweepRunCallback(Callback):
@@ -113,12 +157,14 @@ class SweepRunCallback(Callback):
 
     def _start(self, config: DictConfig, output_dir: Path, kind: str) -> None:
         try:
+            search = search_settings(config)
             experiment_id = configure(config.mlflow)
             check_writable(output_dir)
-        except (TrackingError, OutputDirError) as err:
+        except (ConfigError, TrackingError, OutputDirError) as err:
             raise SystemExit(f"{type(err).__name__}: {err}") from err
         close_stale_runs(experiment_id)
         overrides = " ".join(config.hydra.overrides.task) or "(defaults)"
+        sweeper = config.hydra.sweeper if kind == "sweep" else None
         self._run_id = start_sweep_run(
             experiment_id,
             f"{overrides[:200]} @ {datetime.now():%H:%M}",
@@ -129,6 +175,7 @@ class SweepRunCallback(Callback):
                 "git_commit": git_commit(),
                 **hardware.detect().tags(),
                 **process_tags(),
+                **(sweep_tags(sweeper, search.objectives) if is_optuna(sweeper) else {}),
             },
         )
         self._report = ReportConfig(**config.report)

@@ -3,12 +3,13 @@ the resolved config. Each function writes into a directory and returns (artifact
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
-from resnet8ptq.backends.base import LayerError, TensorRange
+from resnet8ptq.backends.base import LayerError, LayerPrecision, TensorRange
 from resnet8ptq.data import CLASS_NAMES
 from resnet8ptq.evaluate import Evaluation
 from resnet8ptq.plots import class_accuracy_png, confusion_matrix_png, layer_sqnr_png
@@ -80,6 +81,19 @@ def layer_error_files(layer_errors: list[LayerError], out_dir: Path, title: str)
         f"{title}: per-layer SQNR",
     )
     return [("analysis", csv), ("analysis", png)]
+
+
+def layer_precision_file(
+    layers: list[LayerPrecision], shared: Mapping[str, str], out_dir: Path
+) -> list[Artifact]:
+    """Every quantized layer's storage type and width as read back from the saved model, and which layer's
+    quantization it takes, if another's (`takes_quantization_of`), as CSV."""
+    path = out_dir / "layer_precision.csv"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    table = pd.DataFrame([vars(layer) for layer in layers], columns=["layer", "kind", "dtype", "bits"])
+    table["takes_quantization_of"] = table["layer"].map(shared)
+    table.to_csv(path, index=False)
+    return [("analysis", path)]
 
 
 def config_file(cfg: DictConfig, output_dir: Path) -> list[Artifact]:

@@ -21,6 +21,8 @@ from resnet8ptq.algorithms import AlgoConfig
 from resnet8ptq.backends.base import QuantSpec
 from resnet8ptq.calibration import CalibConfig
 from resnet8ptq.dtype import DtypeConfig
+from resnet8ptq.search.objectives import SearchConfig
+from resnet8ptq.search.target import TargetConfig
 
 
 @dataclass
@@ -58,6 +60,7 @@ class Config:
     algo: AlgoConfig = MISSING  # the `algo` group's choice
     per_channel: bool = False
     reduce_range: bool = False  # weights in 7 bits (ORT's reduce_range)
+    raised_layers: list[str] = field(default_factory=list)  # layers at 16 bits (mixed precision)
     native_tolerance_points: float = 0.3  # largest |native - reference| accuracy gap tagged `native`
     threads: int | None = None
     rerun: bool = False  # run configurations that already have a FINISHED run with the same config_hash
@@ -66,6 +69,8 @@ class Config:
     cache_dir: str = MISSING
     mlflow: MlflowConfig = field(default_factory=MlflowConfig)
     report: ReportConfig = field(default_factory=ReportConfig)
+    search: SearchConfig = field(default_factory=SearchConfig)  # what a search returns (objectives)
+    target: TargetConfig = field(default_factory=TargetConfig)  # mixed precision to an accuracy drop
 
 
 def register_backend_schemas() -> None:
@@ -94,12 +99,14 @@ def quant_spec(cfg: DictConfig) -> QuantSpec:
             f"threads={cfg.threads}: expected a positive number of threads, or null (all cores)."
         )
     try:
-        OmegaConf.to_object(cfg.algo)  # validated here with the rest, used by the pipeline
+        for section in (cfg.algo, cfg.search, cfg.target):  # validated here with the rest, used elsewhere
+            OmegaConf.to_object(section)
         return QuantSpec(
             dtype=OmegaConf.to_object(cfg.dtype),
             calib=OmegaConf.to_object(cfg.calib),
             per_channel=cfg.per_channel,
             reduce_range=cfg.reduce_range,
+            raised_layers=tuple(cfg.raised_layers),
         )
     except ValueError as err:
         raise ConfigError(str(err)) from err

@@ -5,10 +5,12 @@ from __future__ import annotations
 import functools
 import logging
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import onnx
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
@@ -17,11 +19,12 @@ from omegaconf import DictConfig, OmegaConf
 
 from resnet8ptq import hardware, records
 from resnet8ptq.algorithms import AlgoConfig, prepare
-from resnet8ptq.backends.base import KERAS_SOURCE, Backend
+from resnet8ptq.backends.base import KERAS_SOURCE, Backend, QuantizedModel, QuantSpec
 from resnet8ptq.config import ConfigError, quant_spec
 from resnet8ptq.data import BINARY_DIR, PYTHON_DIR, Cifar10, calibration_set, load_cifar10, to_model_input
 from resnet8ptq.evaluate import Baseline, evaluate_baseline
 from resnet8ptq.execution import evaluate_quantized
+from resnet8ptq.layers import check_raised, expected_raised, raised_in, sharing
 from resnet8ptq.mlperf import perf_subset_indices
 from resnet8ptq.model import CanonicalModel, ModelError, canonical_onnx, conversion_key, resolve_h5
 from resnet8ptq.records import ModelRecord
@@ -35,8 +38,9 @@ log = logging.getLogger(__name__)
 LAYER_ERROR_IMAGES = 200  # calibration images used for the per-layer SQNR analysis
 
 
-def run(cfg: DictConfig, output_dir: Path) -> float:
-    """Quantize, evaluate and log one configuration; return its test accuracy (fraction)."""
+def run(cfg: DictConfig, output_dir: Path, extra_tags: Mapping[str, str] | None = None) -> str:
+    """Quantize, evaluate and log one configuration (``extra_tags`` on its run); return the id of its run, or
+    of the earlier FINISHED run of the same configuration that it resumes."""
     spec = quant_spec(cfg)  # invalid settings fail here, before any work
     algo: AlgoConfig = OmegaConf.to_object(cfg.algo)  # validated by quant_spec
     experiment_id = configure(cfg.mlflow)
@@ -47,7 +51,13 @@ def run(cfg: DictConfig, output_dir: Path) -> float:
     backend.check_algorithms(algo.steps)
     run_name = f"{backend.NAME}-{spec.dtype.label}-{spec.calib.method}-{granularity}"
     run_name += "".join(f"-{step}" for step in algo.steps)
+    run_name += f"-raised{len(spec.raised_layers)}" if spec.raised_layers else ""
     identity = result_identity(cfg, backend)
+    extra_tags = dict(extra_tags or {})
+    if spec.raised_layers:  # names checked before any work; the start configuration's hash groups the steps
+        graph = onnx.load(fp32_model(cfg.model.path, cfg.model.sha256, Path(cfg.cache_dir)).onnx_path)
+        check_raised(spec.raised_layers, graph, spec.dtype.activation_bits)
+        extra_tags["mixed_precision.base_hash"] = config_hash({**params, "raised_layers": []}, identity)
     tags = {
         "backend": backend.NAME,
         "quantized": "true",
@@ -62,7 +72,7 @@ def run(cfg: DictConfig, output_dir: Path) -> float:
     finished = skip_finished(experiment_id, run_name, tags["config_hash"]) if resumable else None
     if finished is not None:
         return finished  # resume: this configuration already FINISHED in an earlier run; no new run
-    with child_run(experiment_id, run_name, tags, params) as run_id:
+    with child_run(experiment_id, run_name, tags | extra_tags, params) as run_id:
         # 1. Data: verified CIFAR-10, stratified calibration sample of the training split, MLPerf Tiny's
         #    performance subset of the test split.
         data = load_dataset(cfg.data.root, cfg.data.download)
@@ -96,6 +106,7 @@ def run(cfg: DictConfig, output_dir: Path) -> float:
         )
         source = source_path(backend, canonical, prepared.onnx_path)
         quantized = backend.quantize(source, calibration_images, spec, output_dir / "model")
+        shared = check_layers(quantized, spec, onnx.load(prepared.onnx_path))
 
         # 4. Evaluate on the full test set: the reference semantics, and the runtime form on this CPU.
         tolerance = cfg.native_tolerance_points
@@ -117,10 +128,33 @@ def run(cfg: DictConfig, output_dir: Path) -> float:
         # 5. Log.
         model = ModelRecord(backend.mlflow_flavor(quantized.path), test_images[:2], inputs.quantized)
         records.log_quantized(
-            run_id, run_name, cfg, quantized, result, baseline, layer_errors, output_dir, model, prepared,
+            run_id,
+            run_name,
+            cfg,
+            quantized,
+            result,
+            baseline,
+            layer_errors,
+            output_dir,
+            model,
+            prepared,
+            shared,
             perf_subset,
-        )  # fmt: skip
-    return result.reference.accuracy
+        )
+    return run_id
+
+
+def check_layers(quantized: QuantizedModel, spec: QuantSpec, graph: onnx.ModelProto) -> dict[str, str]:
+    """Fail unless the saved model holds exactly the requested layers (and those that take their
+    quantization) at 16 bits; return which layer takes which one's quantization (layers.sharing)."""
+    wide = set(raised_in(quantized.layers, spec.dtype.activation_bits))
+    expected = expected_raised(spec.raised_layers, graph)
+    if wide != expected:
+        raise RuntimeError(
+            f"The saved model holds {sorted(wide) or 'no layer'} at 16 bits; raised_layers asked for "
+            f"{sorted(expected) or 'none'}."
+        )
+    return sharing(graph)
 
 
 def make_backend(cfg: DictConfig) -> Backend:

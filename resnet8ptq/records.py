@@ -14,11 +14,18 @@ from mlflow.data.numpy_dataset import NumpyDataset
 from omegaconf import DictConfig
 
 from resnet8ptq.algorithms import Prepared
-from resnet8ptq.artifacts import config_file, evaluation_files, layer_error_files, ranges_file
+from resnet8ptq.artifacts import (
+    config_file,
+    evaluation_files,
+    layer_error_files,
+    layer_precision_file,
+    ranges_file,
+)
 from resnet8ptq.backends.base import LayerError, MlflowFlavor, QuantizedModel
 from resnet8ptq.data import CLASS_NAMES
 from resnet8ptq.evaluate import Baseline, Evaluation
 from resnet8ptq.execution import QuantizedResult
+from resnet8ptq.layers import raised_in
 from resnet8ptq.statistics import accuracy_interval
 from resnet8ptq.tracking.models import log_datasets, log_model
 from resnet8ptq.tracking.runs import child_run, first_in_sweep, log_artifacts, log_metrics, set_tags
@@ -154,11 +161,14 @@ def log_quantized(
     output_dir: Path,
     model: ModelRecord,
     prepared: Prepared,
+    shared: Mapping[str, str],
     perf_subset: np.ndarray,
 ) -> None:
-    """Everything a quantized run records: metrics, effective dtypes, execution, layer errors, artifacts,
-    the MLflow Model and the datasets; what the PTQ algorithms did and their seconds."""
+    """Everything a quantized run records: metrics, effective dtypes, execution, layer errors, every layer's
+    precision (``shared``: which layer takes which one's quantization), the layers raised to 16 bits,
+    artifacts, the MLflow Model and the datasets; what the PTQ algorithms did and their seconds."""
     worst = min(layer_errors, key=lambda error: error.sqnr_db)
+    raised = raised_in(quantized.layers, cfg.dtype.activation_bits)
     metrics = quantized_metrics(quantized, result, baseline, layer_errors, perf_subset)
     log_metrics(run_id, {**metrics, "algo_seconds": prepared.seconds})
     set_tags(
@@ -166,6 +176,7 @@ def log_quantized(
         {
             **read_back_tags(quantized, result),
             "sqnr_worst_layer": f"{worst.layer} ({worst.kind}, {worst.sqnr_db:.1f} dB)",
+            **({"mixed_precision.raised": ",".join(raised)} if raised else {}),
             **prepared.tags,
         },
     )
@@ -174,6 +185,7 @@ def log_quantized(
         [
             *evaluation_files(result.reference, output_dir / "evaluation", run_name, baseline.evaluation),
             *layer_error_files(layer_errors, output_dir, run_name),
+            *layer_precision_file(quantized.layers, shared, output_dir),
             ("model", quantized.path),
             *ranges_file(quantized.ranges, output_dir),
             *config_file(cfg, output_dir),

@@ -41,14 +41,20 @@ class BackendConfig:
     native: bool = True
 
 
+RAISED_BITS = 16
+"""The width of a raised layer (mixed precision, ``raised_layers``): 16-bit activations or weights."""
+
+
 @dataclass(frozen=True)
 class QuantSpec:
-    """One quantization configuration: the `dtype` and `calib` groups, `per_channel` and `reduce_range`."""
+    """One quantization configuration: the `dtype` and `calib` groups, `per_channel`, `reduce_range`, and the
+    layers raised to 16 bits (`raised_layers`: layer names as in ``analysis/layer_sqnr.csv``)."""
 
     dtype: DtypeConfig
     calib: CalibConfig
     per_channel: bool = False
     reduce_range: bool = False  # weights in 7 bits (ORT's reduce_range): no u8s8 saturation without VNNI
+    raised_layers: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.reduce_range and self.dtype.weight_bits != 8:
@@ -56,6 +62,17 @@ class QuantSpec:
                 f"reduce_range=true with dtype.weight_bits={self.dtype.weight_bits}: reduce_range means "
                 f"7-bit weights; set dtype.weight_bits=7 instead, or reduce_range=false."
             )
+        repeated = sorted({name for name in self.raised_layers if self.raised_layers.count(name) > 1})
+        if repeated:
+            raise ValueError(f"raised_layers names {repeated} more than once.")
+
+    def raised_storage(self, kind: str) -> str:
+        """The storage type of a raised ``kind`` ("activation"/"weight") layer: activations int16 or uint16,
+        with the signedness of the activation type; weights int16, symmetric (ORT's rule for signed weights;
+        torch cannot dequantize uint16 weights per channel)."""
+        if kind == "weight":
+            return f"int{RAISED_BITS}"
+        return self.dtype.activation.replace("8", str(RAISED_BITS))
 
 
 @dataclass(frozen=True)
@@ -98,6 +115,17 @@ ONNX_SOURCE = "onnx"
 KERAS_SOURCE = "keras"
 
 
+@dataclass(frozen=True)
+class LayerPrecision:
+    """How one layer of a saved quantized model is stored, read back from the file."""
+
+    layer: str  # the name the per-layer SQNR analysis uses
+    kind: str  # "weight" | "activation"
+    dtype: str  # storage type, e.g. "int8", "uint16"
+    bits: int  # activations: the width of the range the quantize op clamps to; weights: the fewest bits
+    # holding every stored integer
+
+
 @dataclass
 class Model:
     """A runnable model and the file it was saved to (its size is the model size)."""
@@ -130,6 +158,7 @@ class QuantizedModel:
     ranges: list[TensorRange]
     calib_seconds: float
     quantize_seconds: float
+    layers: list[LayerPrecision] = field(default_factory=list)  # every quantized layer, read back
     metrics: dict[str, float] = field(default_factory=dict)  # backend-specific, e.g. compile_seconds
     tags: dict[str, str] = field(default_factory=dict)  # backend-specific, e.g. execution_reason
 

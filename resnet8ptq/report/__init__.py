@@ -25,6 +25,7 @@ from resnet8ptq.report.analysis import hardware_lines
 from resnet8ptq.report.published import published_section
 from resnet8ptq.report.render import to_html
 from resnet8ptq.report.runs import ReportError, comparison_table, configured, latest_per_config, runs_frame
+from resnet8ptq.report.search import mixed_precision_section, search_section
 from resnet8ptq.report.sections import (
     Report,
     comparison_rows,
@@ -72,6 +73,7 @@ def markdown(report: Report) -> str:
         parts.append(f"**{nothing_to_report_message(report)}**")
     else:
         parts += recommendation_section(table, report.max_drop_points)
+        parts += search_section(report) + mixed_precision_section(report)
     if len(table):
         parts += ["## Comparison", comparison_rows(table, report.max_drop_points).markdown(), COLUMNS_NOTE]
         parts += published_section(table) + execution_section(table)
@@ -156,6 +158,7 @@ def write_report(
         failed=frame[frame["status"] != "FINISHED"],
         max_drop_points=max_drop_points,
         out_dir=Path(out_dir or default_dir),
+        parent_tags=dict(tags),
     )
     return _finish(report, client, parent_run_id)
 

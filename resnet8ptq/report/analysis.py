@@ -150,10 +150,17 @@ def worst_classes(deltas: pd.DataFrame, limit: int = 5) -> pd.DataFrame:
 def pareto_front(x: np.ndarray, accuracy: np.ndarray, *, minimize_x: bool) -> np.ndarray:
     """Mask of the points that no other point dominates (accuracy at least as high and x at least as good,
     one of them strictly better); accuracy is maximised, x minimised or maximised."""
-    x = np.asarray(x, float) * (1 if minimize_x else -1)
-    accuracy = np.asarray(accuracy, float)
-    at_least = (x[None, :] <= x[:, None]) & (accuracy[None, :] >= accuracy[:, None])
-    strictly = (x[None, :] < x[:, None]) | (accuracy[None, :] > accuracy[:, None])
+    return pareto_mask(
+        np.column_stack([np.asarray(x, float), np.asarray(accuracy, float)]), [not minimize_x, True]
+    )
+
+
+def pareto_mask(values: np.ndarray, maximize: list[bool]) -> np.ndarray:
+    """Mask of the rows of ``values`` (points x objectives) that no other row dominates: at least as good in
+    every objective and better in one (``maximize[k]``: objective k is maximised, else minimised)."""
+    oriented = np.asarray(values, float) * np.where(maximize, 1.0, -1.0)
+    at_least = (oriented[None, :, :] >= oriented[:, None, :]).all(axis=2)
+    strictly = (oriented[None, :, :] > oriented[:, None, :]).any(axis=2)
     return ~(at_least & strictly).any(axis=1)
 
 

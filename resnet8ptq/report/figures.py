@@ -109,3 +109,75 @@ def accuracy_map_png(maps: dict[str, pd.DataFrame], kinds: dict[str, pd.DataFram
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return path
+
+
+SEARCH_PNG = "report_search.png"
+MIXED_PRECISION_PNG = "report_mixed_precision.png"
+
+
+def search_png(
+    trials: pd.DataFrame, columns: list[str], names: list[str], front: np.ndarray, path: Path
+) -> Path:
+    """An Optuna search: with two or more objectives the first two against each other (x: the second), with
+    one its value per trial and the best so far; every trial numbered, the Pareto front ringed (and joined),
+    its trials named beside the plot. A second panel zooms on the front when far-off trials squash it."""
+    y = trials[columns[0]].to_numpy(float)
+    if len(columns) == 1:
+        x, x_label = trials["trial"].to_numpy(float), "trial"
+    else:
+        x, x_label = trials[columns[1]].to_numpy(float), names[1]
+    span = np.ptp(y[front]) if front.any() else 0.0
+    zoom = front.any() and np.ptp(y) > 4 * max(span, 1e-9)
+    fig, axes = plt.subplots(1, 2 if zoom else 1, figsize=(13 if zoom else 9, 5.5), squeeze=False)
+    for ax in axes.flat:
+        if len(columns) == 1:
+            best = np.fmax.accumulate(y) if trials.attrs.get("maximize", [True])[0] else np.fmin.accumulate(y)
+            ax.plot(x, best, "-", color="0.3", linewidth=1, label="best so far", zorder=2)
+        else:
+            order = np.argsort(x[front])
+            ax.plot(x[front][order], y[front][order], "--", color="0.3", linewidth=1, zorder=2)
+        ax.scatter(x, y, color="C0", s=45, zorder=3, label="trial")
+        ringed = {"s": 300, "facecolors": "none", "edgecolors": "red", "zorder": 4}
+        ax.scatter(x[front], y[front], label="Pareto front", **ringed)
+        for xi, yi, number, optimal in zip(x, y, trials["trial"], front, strict=True):
+            ax.annotate(f"#{number}", (xi, yi), xytext=(6, 4), textcoords="offset points",
+                        fontsize=8 if optimal else 6, color="black" if optimal else "0.45")  # fmt: skip
+        ax.set(xlabel=x_label, ylabel=names[0])
+        ax.margins(x=0.1, y=0.1)
+        ax.grid(alpha=0.3)
+    axes[0, 0].legend(loc="best", fontsize=8)
+    axes[0, 0].set_title(f"Optuna search: {len(trials)} trials, Pareto front ringed")
+    if zoom:
+        low, high = y[front].min(), y[front].max()
+        axes[0, 1].set_ylim(low - 0.5 * max(span, 0.5), high + 0.5 * max(span, 0.5))
+        axes[0, 1].set_title("the front, closer")
+    named = "\n".join(f"#{row.trial}: {row.label}" for row in trials[front].itertuples())
+    fig.text(0.01, -0.01, f"Pareto front:\n{named}", fontsize=8, va="top", family="monospace")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def mixed_precision_png(searches: dict[str, tuple[pd.DataFrame, float | None]], path: Path) -> Path:
+    """Accuracy (%) against the number of 16-bit layers for each mixed-precision search, with the accuracy its
+    target asks for (FP32 minus the target drop) dashed and the first step meeting it ringed."""
+    fig, ax = plt.subplots(figsize=(9, 5.5))
+    for i, (title, (steps, goal)) in enumerate(searches.items()):
+        color = f"C{i}"
+        ax.plot(steps["raised_count"], steps["accuracy_pct"], "o-", color=color, label=title)
+        if goal is not None:
+            ax.axhline(goal, color=color, linestyle="--", linewidth=1)
+            met = steps[steps["accuracy_pct"] >= goal - 1e-9]
+            if len(met):
+                first = met.iloc[0]
+                ax.scatter([first["raised_count"]], [first["accuracy_pct"]], s=260, facecolors="none",
+                           edgecolors="red", zorder=4)  # fmt: skip
+    ax.set(xlabel="layers at 16 bits", ylabel="accuracy (%)",
+           title="Mixed precision: accuracy by step (dashed: the target; ringed: the result)")  # fmt: skip
+    ax.legend(loc="lower right", fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

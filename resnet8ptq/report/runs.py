@@ -13,6 +13,7 @@ from resnet8ptq.data import CLASS_NAMES
 from resnet8ptq.hardware import Hardware
 from resnet8ptq.records import REFERENCE_TAG
 from resnet8ptq.statistics import accuracy_interval
+from resnet8ptq.tracking.identity import config_hash
 from resnet8ptq.tracking.search import where
 
 CLASS_METRIC = "class_acc/"
@@ -50,8 +51,12 @@ EMPTY_COLUMNS = [
     "int8_dot_product",
     "config_hash",
     "seed",
+    "settings",
     "error",
     "sqnr_worst_layer",
+    "raised",
+    "raised_count",
+    "base_hash",
     "reference",
 ]  # fmt: skip  (the columns runs_frame gives every run)
 
@@ -103,6 +108,7 @@ def runs_frame(runs: Iterable[Run]) -> pd.DataFrame:
             dtype += f" a{bits[0]}w{bits[1]}"  # widths set apart from the choice
         per_channel = (tags.get("per_channel") or params.get("per_channel", "?")).lower()
         machine = Hardware.from_tags(tags)
+        raised = tags.get("mixed_precision.raised", "")
         rows.append(
             {
                 "run_id": run.info.run_id,
@@ -127,8 +133,12 @@ def runs_frame(runs: Iterable[Run]) -> pd.DataFrame:
                 "execution_reason": tags.get("execution_reason", ""),
                 "config_hash": tags.get("config_hash", ""),
                 "seed": params.get("data.seed", "") if made_here else "",
+                "settings": settings_key(params) if made_here else "",
                 "error": tags.get("error", ""),
                 "sqnr_worst_layer": tags.get("sqnr_worst_layer", ""),
+                "raised": raised,
+                "raised_count": len([name for name in raised.split(",") if name]),
+                "base_hash": tags.get("mixed_precision.base_hash", ""),
                 **metrics,
             }
         )
@@ -138,6 +148,12 @@ def runs_frame(runs: Iterable[Run]) -> pd.DataFrame:
     frame["config"] = _configs(frame)
     frame["label"] = _labels(frame)
     return frame
+
+
+def settings_key(params: dict[str, str]) -> str:
+    """What decides a run's result apart from its calibration sample (``data.seed``): runs with the same key
+    differ only in the sample."""
+    return config_hash({key: value for key, value in params.items() if key != "data.seed"}, {})
 
 
 def _configs(frame: pd.DataFrame) -> list[str]:
@@ -152,7 +168,8 @@ def _configs(frame: pd.DataFrame) -> list[str]:
             channel = " per-channel" if row.per_channel == "true" else ""
             reduced = " reduce-range" if row.reduce_range == "true" else ""
             algo = f" {row.algo}" if row.algo not in ("none", "") else ""
-            configs.append(f"{row.backend} {row.dtype} {row.calib}{channel}{reduced}{algo}")
+            raised = f" +{row.raised_count}x16-bit" if row.raised_count else ""
+            configs.append(f"{row.backend} {row.dtype} {row.calib}{channel}{reduced}{algo}{raised}")
     return configs
 
 

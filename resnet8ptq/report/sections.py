@@ -67,6 +67,7 @@ class Report:
     max_drop_points: float
     out_dir: Path
     images: list[Path] = field(default_factory=list)
+    parent_tags: dict[str, str] = field(default_factory=dict)  # the sweep run's (search.*, mixed_precision.*)
 
     @property
     def has_results(self) -> bool:

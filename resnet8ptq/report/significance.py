@@ -4,22 +4,19 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from mlflow.environment_variables import MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from resnet8ptq.artifacts import EVALUATION_DIR, PREDICTIONS_FILE
 from resnet8ptq.report.runs import TEST_COLUMNS, configured, int8_configurations
 from resnet8ptq.statistics import holm, mcnemar
+from resnet8ptq.tracking.models import quiet_downloads
 
 log = logging.getLogger(__name__)
 
@@ -44,21 +41,6 @@ def load_correctness(client: MlflowClient, run_ids: list[str]) -> dict[str, np.n
         return {}
     reference = max(labels.values(), key=lambda array: sum(np.array_equal(array, o) for o in labels.values()))
     return {run_id: correct[run_id] for run_id in correct if np.array_equal(labels[run_id], reference)}
-
-
-@contextlib.contextmanager
-def quiet_downloads() -> Iterator[None]:
-    """No MLflow progress bar per downloaded file (one per run would flood the sweep's log)."""
-    setting = MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR
-    before = setting.get_raw()
-    setting.set(False)
-    try:
-        yield
-    finally:
-        if before is None:
-            setting.unset()
-        else:
-            os.environ[setting.name] = before
 
 
 def paired_tests(table: pd.DataFrame, correct: dict[str, np.ndarray]) -> pd.DataFrame:
@@ -105,9 +87,14 @@ def _fill(
 
 
 def seed_spread(table: pd.DataFrame) -> pd.DataFrame:
-    """Per configuration run with more than one calibration sample (``data.seed``): the number of seeds and
-    the mean, standard deviation (ddof=1), minimum and maximum accuracy (%)."""
+    """Per configuration run with more than one calibration sample (``data.seed``; runs with the same other
+    settings): the number of seeds and the mean, standard deviation (ddof=1), minimum and maximum accuracy
+    (%)."""
     quantized = table[table["quantized"] & (table["seed"] != "")]
-    groups = quantized.groupby("config", sort=True)["accuracy_pct"]
-    spread = groups.agg(seeds="count", mean="mean", std="std", min="min", max="max").reset_index()
+    groups = quantized.groupby("settings", sort=True)
+    spread = groups["accuracy_pct"].agg(["mean", "std", "min", "max"])
+    spread = spread.join(groups["seed"].nunique().rename("seeds")).join(groups["config"].first())
+    spread = spread.reset_index()
+    repeated = spread["config"].duplicated(keep=False)  # one name, other settings: tell them apart
+    spread.loc[repeated, "config"] += " [" + spread.loc[repeated, "settings"].str[:6] + "]"
     return spread[spread["seeds"] > 1].sort_values("mean", ascending=False, kind="stable")

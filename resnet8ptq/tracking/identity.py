@@ -23,6 +23,7 @@ RESULT_KEYS = (
     "algo",
     "per_channel",
     "reduce_range",
+    "raised_layers",
     "native_tolerance_points",
     "data.calib_per_class",
     "data.seed",
@@ -37,6 +38,7 @@ ADDED_DEFAULTS = {
     "algo.steps": "[]",
     "algo.adaround_iterations": "1000",
     "algo.adaround_batch_size": "32",
+    "raised_layers": "[]",
 }
 """Settings added after runs were tracked, at the value that gives the earlier result: left out of the hash
 at that value, so the earlier runs keep their config_hash and resumed sweeps still find them."""

@@ -3,13 +3,16 @@ to the run and its metrics), the test set and the calibration sample as run inpu
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
-from collections.abc import Mapping
+import os
+from collections.abc import Iterator, Mapping
 
 import mlflow
 import numpy as np
 from mlflow.data.numpy_dataset import NumpyDataset
 from mlflow.entities import Dataset, DatasetInput, InputTag
+from mlflow.environment_variables import MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR
 from mlflow.models import Model, ModelSignature
 from mlflow.tracking import MlflowClient
 from mlflow.types import Schema, TensorSpec
@@ -35,18 +38,34 @@ def log_model(run_id: str, name: str, how: MlflowFlavor, input_example: np.ndarr
     model = client.create_logged_model(
         experiment_id=run.info.experiment_id, name=name, source_run_id=run_id, params=run.data.params
     )
-    info = Model.log(
-        artifact_path=None,
-        name=name,
-        flavor=how.flavor,
-        run_id=run_id,
-        model_id=model.model_id,
-        signature=SIGNATURE,
-        input_example=input_example,
-        pip_requirements=how.requirements,
-        **how.arguments,
-    )
+    with quiet_downloads():  # MLflow downloads the logged model to check the input example
+        info = Model.log(
+            artifact_path=None,
+            name=name,
+            flavor=how.flavor,
+            run_id=run_id,
+            model_id=model.model_id,
+            signature=SIGNATURE,
+            input_example=input_example,
+            pip_requirements=how.requirements,
+            **how.arguments,
+        )
     return info.model_uri
+
+
+@contextlib.contextmanager
+def quiet_downloads() -> Iterator[None]:
+    """No MLflow progress bar per downloaded file (one per run would flood a sweep's log)."""
+    setting = MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR
+    before = setting.get_raw()
+    setting.set(False)
+    try:
+        yield
+    finally:
+        if before is None:
+            setting.unset()
+        else:
+            os.environ[setting.name] = before
 
 
 def content_digest(*arrays: np.ndarray) -> str:

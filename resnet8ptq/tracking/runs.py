@@ -101,11 +101,11 @@ def first_in_sweep(experiment_id: str, **tags: str) -> Iterator[bool]:
         yield find_sibling(experiment_id, **tags) is None
 
 
-def skip_finished(experiment_id: str, run_name: str, config_hash: str) -> float | None:
+def skip_finished(experiment_id: str, run_name: str, config_hash: str) -> str | None:
     """If a quantized run with this config_hash already FINISHED in the experiment (any sweep): log that
     this configuration is skipped, note it on the sweep run (tag `skipped.<config_hash>`, and
-    `reused.<config_hash>` = that run's id, which the sweep's report includes) and return that run's
-    accuracy. None when there is no such run."""
+    `reused.<config_hash>` = that run's id, which the sweep's report includes) and return that run's id.
+    None when there is no such run."""
     conditions = {"tags.config_hash": config_hash, "tags.quantized": "true", "attributes.status": "FINISHED"}
     runs = MlflowClient().search_runs(
         [experiment_id],
@@ -122,4 +122,4 @@ def skip_finished(experiment_id: str, run_name: str, config_hash: str) -> float 
     if parent := current_sweep_run():
         MlflowClient().set_tag(parent, f"skipped.{config_hash}", f"{run_name}: {note}"[:5000])
         MlflowClient().set_tag(parent, f"{REUSED_TAG_PREFIX}{config_hash}", previous.info.run_id)
-    return accuracy
+    return previous.info.run_id

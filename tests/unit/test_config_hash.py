@@ -38,6 +38,7 @@ def params(*overrides: str) -> dict:
         "backend.native=false",
         "data.calib_per_class=10",
         "data.seed=1",
+        "raised_layers=[activation_6_1/Relu]",  # mixed precision: each step is its own result
     ],
 )
 def test_config_hash_changes_with_what_changes_the_result(override: str) -> None:
@@ -57,6 +58,9 @@ def test_config_hash_changes_with_what_changes_the_result(override: str) -> None
         "rerun=true",
         "threads=1",
         "report.enabled=false",
+        "search.objectives=[accuracy,model_size_bytes]",
+        "target.max_drop_points=0.1",
+        "target.layers_per_step=4",
     ],
 )
 def test_config_hash_ignores_what_does_not(override: str) -> None:
@@ -77,3 +81,12 @@ def test_config_hash_of_8_bit_runs_is_the_one_before_bit_widths_existed() -> Non
     """Runs tracked before `dtype.*_bits` existed are found again by a resumed sweep."""
     before = {k: v for k, v in params().items() if not k.endswith("_bits")}
     assert config_hash(before, IDENTITY) == config_hash(params(), IDENTITY)
+
+
+def test_config_hash_of_runs_without_raised_layers_is_the_one_before_mixed_precision_existed() -> None:
+    before = {
+        k: v for k, v in params().items() if k != "raised_layers" and not k.startswith(("search.", "target."))
+    }
+    assert config_hash(before, IDENTITY) == config_hash(params(), IDENTITY)
+    one, two = params("raised_layers=[conv2d_1]"), params("raised_layers=[conv2d_1,conv2d_1_2]")
+    assert len({config_hash(one, IDENTITY), config_hash(two, IDENTITY), config_hash(params(), IDENTITY)}) == 3

@@ -61,7 +61,9 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> tuple[MlflowClient, str, 
         client.log_batch(
             run,
             metrics=[Metric("accuracy", float(right.mean()), 0, 0), Metric("model_size_bytes", 1e5, 0, 0)],
-            params=[Param("data.seed", seed)] if quantized else [],
+            params=[Param("data.seed", seed), Param("calib", config), Param("calib.method", config)]
+            if quantized
+            else [],
             tags=[
                 RunTag(key, value)
                 for key, value in {
@@ -127,6 +129,27 @@ def test_report_says_which_differences_are_significant(table: pd.DataFrame, tmp_
 def test_no_predictions_no_paired_tests() -> None:
     frame = runs.comparison_table(runs.runs_frame([]))
     assert significance.paired_tests(frame, {}).empty
+
+
+def test_seed_spread_groups_runs_that_differ_only_in_the_seed() -> None:
+    """Runs of one label that differ in another setting (calib.percentile) are not seeds of each other."""
+    rows = [("1", "99.9", 86.0), ("2", "99.9", 87.0), ("3", "99.9", 88.0), ("1", "99.99", 80.0)]
+    table = pd.DataFrame(
+        {
+            "quantized": True,
+            "seed": [seed for seed, _, _ in rows],
+            "settings": [
+                runs.settings_key({"calib": "percentile", "calib.percentile": p, "data.seed": seed})
+                for seed, p, _ in rows
+            ],
+            "config": "onnx int8 percentile",
+            "accuracy_pct": [accuracy for _, _, accuracy in rows],
+        }
+    )
+    spread = significance.seed_spread(table)
+    assert len(spread) == 1, "the 99.99 run is one run of another configuration, not a fourth seed"
+    row = spread.iloc[0]
+    assert (row["seeds"], row["mean"], row["std"], row["min"], row["max"]) == (3, 87.0, 1.0, 86.0, 88.0)
 
 
 def test_int8_configurations_against_the_published_model() -> None:

@@ -12,8 +12,14 @@ import pytest
 from resnet8ptq import mlperf
 from resnet8ptq.backends.base import QuantSpec, Unsupported
 from resnet8ptq.backends.tflite.backend import TFLiteBackend, check_spec, kernel_summary
-from resnet8ptq.backends.tflite.flatbuffer import Tensor, TFLiteModel, effective_bits, weight_granularity
-from resnet8ptq.backends.tflite.layer_errors import tflite_layer_name
+from resnet8ptq.backends.tflite.flatbuffer import (
+    Tensor,
+    TFLiteModel,
+    effective_bits,
+    layer_precision,
+    tflite_layer_name,
+    weight_granularity,
+)
 from resnet8ptq.backends.tflite.litert_runner import dequantize, quantize
 from resnet8ptq.calibration import CalibConfig
 from resnet8ptq.data import DataError
@@ -60,6 +66,7 @@ def test_what_the_converter_makes_is_accepted(accepted: QuantSpec) -> None:
             "has no percentile calibration",
         ),
         (spec(calib=CalibConfig("minmax", symmetric=True)), "calib.symmetric=true cannot be expressed"),
+        (spec(raised_layers=("activation_6_1/Relu",)), "no mixed precision (raised_layers)"),
     ],
 )
 def test_refusals_name_what_it_runs(refused: QuantSpec, reason: str) -> None:
@@ -121,9 +128,17 @@ def test_granularity_and_widths_read_from_the_tensors() -> None:
 
 def test_layer_names_follow_the_onnx_models() -> None:
     model = small_model()
+    assert tflite_layer_name(model, 0) == "input"
     assert tflite_layer_name(model, 2) == "activation_1/Relu"
     assert tflite_layer_name(model, 4) == "dense_1/BiasAdd"
     assert tflite_layer_name(model, 5) == "softmax", "the output has no TF op name"
+    precision = {(layer.layer, layer.kind): (layer.dtype, layer.bits) for layer in layer_precision(model)}
+    assert precision[("activation_1/Relu", "activation")] == ("int8", 8)
+    assert precision[("conv2d_1", "weight")] == ("int8", 8) and precision[("dense_1/MatMul", "weight")] == (
+        "int8",
+        8,
+    )
+    assert len(precision) == 6, "4 activations (input included), 2 weights"
 
 
 def test_kernel_summary_reads_the_delegate_partitions() -> None:

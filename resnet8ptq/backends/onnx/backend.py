@@ -34,14 +34,8 @@ from resnet8ptq.backends.base import (
 )
 from resnet8ptq.backends.onnx import layer_errors
 from resnet8ptq.backends.onnx.reader import ImageReader, input_name
-from resnet8ptq.backends.onnx.widths import (
-    ONNX_DTYPE_NAMES,
-    QUANT_TYPES,
-    check_widths,
-    effective_bits,
-    extra_options,
-    weight_overrides,
-)
+from resnet8ptq.backends.onnx.widths import QUANT_TYPES, check_widths, layer_precision, tensor_overrides
+from resnet8ptq.layers import base_precision
 from resnet8ptq.model import save_onnx
 
 NO_NATIVE = "native execution disabled (backend.native=false): the reference semantics only"
@@ -85,29 +79,6 @@ def predictor(sess: ort.InferenceSession):
         return sess.run(None, {input_name: np.ascontiguousarray(images, dtype=np.float32)})[0]
 
     return predict
-
-
-def effective_types(model: onnx.ModelProto) -> tuple[str, str]:
-    """(activation dtype, weight dtype) as stored in a QDQ model.
-
-    Activations: the zero-point type of QuantizeLinear nodes. Weights: the type of the quantized
-    initializers that DequantizeLinear nodes read.
-    """
-    inits = {init.name: init for init in model.graph.initializer}
-    activation, weight = set(), set()
-    for node in model.graph.node:
-        if node.op_type == "QuantizeLinear" and len(node.input) > 2 and node.input[2] in inits:
-            activation.add(inits[node.input[2]].data_type)
-        elif node.op_type == "DequantizeLinear" and node.input[0] in inits:
-            data_type = inits[node.input[0]].data_type
-            if data_type in ONNX_DTYPE_NAMES:  # int32 biases are not weights
-                weight.add(data_type)
-    if len(activation) != 1 or len(weight) != 1:
-        raise RuntimeError(
-            f"Expected one activation and one weight type in the quantized model, found "
-            f"activations {sorted(activation)}, weights {sorted(weight)}: the model is not fully quantized."
-        )
-    return ONNX_DTYPE_NAMES[activation.pop()], ONNX_DTYPE_NAMES[weight.pop()]
 
 
 def kernel_summary(optimized: onnx.ModelProto) -> tuple[bool, str]:
@@ -181,17 +152,15 @@ class OnnxRuntimeBackend(Backend):
             per_channel=spec.per_channel,
             reduce_range=spec.reduce_range,
             op_types_to_quantize=OP_TYPES,
-            extra_options={
-                **extra_options(spec.dtype),
-                "TensorQuantOverrides": weight_overrides(onnx.load(onnx_path), spec),
-            },
+            extra_options={"TensorQuantOverrides": tensor_overrides(onnx.load(onnx_path), spec)},
         )
         quantized = onnx.load(out)
         save_onnx(quantized, out)
         quantize_seconds = time.perf_counter() - start
 
-        activation_dtype, weight_dtype = effective_types(quantized)
-        activation_bits, weight_bits = effective_bits(quantized)
+        layers = layer_precision(quantized)
+        activation_dtype, activation_bits = base_precision(layers, "activation")
+        weight_dtype, weight_bits = base_precision(layers, "weight")
         ranges = [
             TensorRange(name, float(np.min(data.range_value[0])), float(np.max(data.range_value[1])))
             for name, data in sorted(tensors_range.data.items())
@@ -206,6 +175,7 @@ class OnnxRuntimeBackend(Backend):
             activation_bits=activation_bits,
             weight_bits=weight_bits,
             ranges=ranges,
+            layers=layers,
             calib_seconds=calib_seconds,
             quantize_seconds=quantize_seconds,
         )

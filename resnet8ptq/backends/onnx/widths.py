@@ -1,6 +1,7 @@
 """Bit widths in ONNX Runtime's QDQ format: 16-bit activations (ORT's int16/uint16 Q/DQ), weights narrower
 than 8 bits (their scale and zero point computed for the narrow range and handed to ``quantize_static`` as
-tensor overrides, so the int8/uint8 weights hold only that range), and the widths read back from a model."""
+tensor overrides, so the int8/uint8 weights hold only that range), layers raised to 16 bits (mixed precision:
+a ``quant_type`` tensor override each), and the width of every layer read back from a saved model."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ import onnx
 from onnx import numpy_helper
 from onnxruntime.quantization import QuantType
 
-from resnet8ptq.backends.base import QuantSpec, Unsupported
+from resnet8ptq.backends.base import LayerPrecision, QuantSpec, Unsupported
 from resnet8ptq.dtype import DtypeConfig, bits_used
+from resnet8ptq.layers import model_layers
+from resnet8ptq.model import layer_name
 from resnet8ptq.weight_grid import channel_axis, quantized_weights, weight_grid
 
 QUANT_TYPES = {
@@ -37,20 +40,43 @@ def check_widths(dtype: DtypeConfig) -> None:
         )
 
 
-def extra_options(dtype: DtypeConfig) -> dict[str, object]:
-    """``quantize_static`` extra options for the widths: int16 Q/DQ are com.microsoft ops before opset 21."""
-    return {"UseQDQContribOps": True} if dtype.activation_bits == 16 else {}
+def tensor_overrides(model: onnx.ModelProto, spec: QuantSpec) -> dict[str, list[dict]]:
+    """ORT ``TensorQuantOverrides`` for the spec: narrow weights (:func:`weight_overrides`) and raised layers
+    (:func:`raised_overrides`). 16-bit Q/DQ need no contrib ops: ORT moves such a model to opset 21, where
+    they are standard ops (with ``UseQDQContribOps`` ORT's qdq_loss_debug finds no activation to compare)."""
+    return {**weight_overrides(model, spec), **raised_overrides(model, spec)}
+
+
+def raised_overrides(model: onnx.ModelProto, spec: QuantSpec) -> dict[str, list[dict]]:
+    """A 16-bit ``quant_type`` for each raised layer's tensor (``spec.raised_layers``, storage types as
+    :meth:`QuantSpec.raised_storage`): activations asymmetric (ORT's default), weights symmetric, per channel
+    along the output channels when ``per_channel``."""
+    layers = model_layers(model)
+    weights = quantized_weights(model)
+    overrides: dict[str, list[dict]] = {}
+    for name in spec.raised_layers:
+        layer = layers[name]
+        params: dict[str, object] = {"quant_type": QUANT_TYPES[spec.raised_storage(layer.kind)]}
+        if layer.kind == "weight":
+            params |= {"symmetric": True, "reduce_range": False}
+            if spec.per_channel:
+                params["axis"] = channel_axis(weights[layer.tensor][0])
+        overrides[layer.tensor] = [params]
+    return overrides
 
 
 def weight_overrides(model: onnx.ModelProto, spec: QuantSpec) -> dict[str, list[dict]]:
     """ORT ``TensorQuantOverrides`` giving every conv/gemm weight the scale and zero point of its
     ``spec.dtype.weight_bits`` range (:func:`resnet8ptq.weight_grid.weight_grid`, ORT's own formula), per
-    tensor or per channel. Empty for 8-bit weights: ORT computes the same parameters itself."""
+    tensor or per channel. Empty for 8-bit weights: ORT computes the same parameters itself. Raised
+    weights are left to :func:`raised_overrides`."""
     if spec.dtype.weight_bits == 8:
         return {}
     quant_type = QUANT_TYPES[spec.dtype.weight]
     overrides: dict[str, list[dict]] = {}
     for name, (node, weight) in quantized_weights(model).items():
+        if layer_name(name) in spec.raised_layers:
+            continue
         grid = weight_grid(weight, channel_axis(node), spec)
         params = [
             {"scale": scale, "zero_point": int(zero_point), "quant_type": quant_type}
@@ -62,21 +88,27 @@ def weight_overrides(model: onnx.ModelProto, spec: QuantSpec) -> dict[str, list[
     return overrides
 
 
-def effective_bits(model: onnx.ModelProto) -> tuple[int, int]:
-    """(activation bits, weight bits) of a QDQ model: activations, the bits of their storage type (ORT
-    quantizes to its bounds); weights, the fewest bits that hold every stored weight integer."""
+QUANTIZE_INPUT_SUFFIX = "_QuantizeLinear_Input"
+"""ORT renames a graph output it quantizes to ``<name>_QuantizeLinear_Input`` (the Q/DQ pair then makes
+``<name>``)."""
+
+
+def layer_precision(model: onnx.ModelProto) -> list[LayerPrecision]:
+    """Every quantized layer of a QDQ model as stored: activations by the type of their QuantizeLinear zero
+    point (ORT quantizes to the type's bounds: its bits), conv/gemm weights by the type of the stored integers
+    and the fewest bits holding them."""
     inits = {init.name: init for init in model.graph.initializer}
-    activation, low, high, signed = set(), 0, 0, True
+    layers = []
     for node in model.graph.node:
         if node.op_type == "QuantizeLinear" and len(node.input) > 2 and node.input[2] in inits:
-            activation.add(8 * np.dtype(numpy_helper.to_array(inits[node.input[2]]).dtype).itemsize)
+            dtype = ONNX_DTYPE_NAMES[inits[node.input[2]].data_type]
+            name = layer_name(node.input[0].removesuffix(QUANTIZE_INPUT_SUFFIX))
+            layers.append(LayerPrecision(name, "activation", dtype, 8 * np.dtype(dtype).itemsize))
         elif node.op_type == "DequantizeLinear" and node.input[0].endswith("_quantized"):
             values = numpy_helper.to_array(inits[node.input[0]])
             if values.ndim >= 2:  # conv/gemm weights, not biases
                 signed = np.issubdtype(values.dtype, np.signedinteger)
-                low, high = min(low, int(values.min())), max(high, int(values.max()))
-    if len(activation) != 1:
-        raise RuntimeError(
-            f"Expected one activation width in the quantized model, found {sorted(activation)}."
-        )
-    return activation.pop(), bits_used(low, high, signed)
+                bits = bits_used(min(int(values.min()), 0), max(int(values.max()), 0), signed)
+                name = layer_name(node.input[0].removesuffix("_quantized"))
+                layers.append(LayerPrecision(name, "weight", str(values.dtype), bits))
+    return layers

@@ -37,6 +37,7 @@ from resnet8ptq.backends.tflite.flatbuffer import (
     TFLiteModel,
     effective_bits,
     effective_types,
+    layer_precision,
     quantized_ranges,
     read,
     weight_granularity,
@@ -74,6 +75,11 @@ def check_spec(spec: QuantSpec) -> None:
         raise Unsupported(
             f"{CAN_RUN}: its converter records each tensor's min and max over the representative dataset and "
             f"has no {spec.calib.method} calibration. Use calib=minmax."
+        )
+    if spec.raised_layers:
+        raise Unsupported(
+            f"{CAN_RUN}; no mixed precision (raised_layers): its converter quantizes every layer to one "
+            f"mode. Use raised_layers=[]."
         )
     if spec.calib.symmetric:
         raise Unsupported(
@@ -195,6 +201,7 @@ class TFLiteBackend(Backend):
             activation_bits=activation_bits,
             weight_bits=weight_bits,
             ranges=quantized_ranges(model),
+            layers=layer_precision(model),
             calib_seconds=calib_seconds,
             quantize_seconds=quantize_seconds,
             metrics={"weights_bytes": float(sum(weight.values.nbytes for weight in model.weights))},

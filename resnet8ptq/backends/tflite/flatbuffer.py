@@ -1,6 +1,6 @@
 """Reading a saved .tflite file (the flatbuffer, with the schema ``ai_edge_litert`` ships): its ops, its
-weight and activation tensors with their quantization, and from them the effective types, widths and
-ranges."""
+weight and activation tensors with their quantization, and from them the effective types, widths, ranges and
+every layer's precision, named as the canonical ONNX model names its layers."""
 
 from __future__ import annotations
 
@@ -11,14 +11,16 @@ from pathlib import Path
 import numpy as np
 from ai_edge_litert import schema_py_generated as schema
 
-from resnet8ptq.backends.base import TensorRange
+from resnet8ptq.backends.base import LayerPrecision, TensorRange
 from resnet8ptq.dtype import bits_used
+from resnet8ptq.model import INPUT_NAME, layer_name
 
 OP_NAMES = {code: name for name, code in vars(schema.BuiltinOperator).items() if not name.startswith("_")}
 TYPE_NAMES = {
     code: name.lower() for name, code in vars(schema.TensorType).items() if not name.startswith("_")
 }
 WEIGHTED_OPS = {"CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED"}  # input 1 is the weight
+PREFERRED = ("/Relu", "/Add", "/add_1", "/BiasAdd")  # the last op of a fusion, by the suffix of its name
 
 
 @dataclass(frozen=True)
@@ -160,3 +162,34 @@ def quantized_ranges(model: TFLiteModel) -> list[TensorRange]:
             TensorRange(tensor.name, (info.min - zero_point) * scale, (info.max - zero_point) * scale)
         )
     return ranges
+
+
+def tflite_layer_name(model: TFLiteModel, index: int) -> str:
+    """The layer name of tensor ``index`` as tf2onnx names the canonical ONNX model's: the converter names a
+    tensor after the TF ops it fused (``model_1/activation_1/Relu;model_1/batch_normalization_1/...``); the
+    last of them (:data:`PREFERRED`, else the first listed) names it. The model input is ``input``, as in the
+    ONNX model; a tensor without TF name (the model output) is named after the op producing it."""
+    if index in model.inputs:
+        return INPUT_NAME
+    parts = model.tensors[index].name.split(";")
+    chosen = next((part for suffix in PREFERRED for part in parts if part.endswith(suffix)), parts[0])
+    if "/" not in chosen:
+        return next(op.lower() for op, _, outputs in model.ops if index in outputs)
+    return layer_name(chosen)
+
+
+def layer_precision(model: TFLiteModel) -> list[LayerPrecision]:
+    """Every quantized layer as stored: activations by their type (TFLite quantizes to its bounds: its
+    bits), conv/fully-connected weights by their type and the fewest bits holding the stored integers."""
+    layers = [
+        LayerPrecision(
+            tflite_layer_name(model, t.index), "activation", t.dtype, 8 * np.dtype(t.dtype).itemsize
+        )
+        for t in model.activations
+        if len(t.scales)
+    ]
+    for weight in model.weights:
+        signed = np.issubdtype(weight.values.dtype, np.signedinteger)
+        bits = bits_used(min(int(weight.values.min()), 0), max(int(weight.values.max()), 0), signed)
+        layers.append(LayerPrecision(layer_name(weight.name), "weight", weight.dtype, bits))
+    return layers

@@ -18,23 +18,12 @@ import numpy as np
 from tqdm import tqdm
 
 from resnet8ptq.backends.base import LayerError, sqnr_db
-from resnet8ptq.backends.tflite.flatbuffer import TFLiteModel, read
+from resnet8ptq.backends.tflite.flatbuffer import read, tflite_layer_name
 from resnet8ptq.backends.tflite.litert_runner import TFLiteRunner, dequantize
 from resnet8ptq.calibration import batches
 from resnet8ptq.model import layer_name
 
 CHUNK = 100  # images per invoke (every intermediate tensor is kept)
-PREFERRED = ("/Relu", "/Add", "/add_1", "/BiasAdd")  # the last op of a fusion, by the suffix of its name
-
-
-def tflite_layer_name(model: TFLiteModel, index: int) -> str:
-    """The layer name of tensor ``index``: the fused op that produced it (:data:`PREFERRED`, else the first
-    name the converter lists), as tf2onnx names it; the producing op's name when the tensor has no TF name."""
-    parts = model.tensors[index].name.split(";")
-    chosen = next((part for suffix in PREFERRED for part in parts if part.endswith(suffix)), parts[0])
-    if "/" not in chosen:
-        return next(op.lower() for op, _, outputs in model.ops if index in outputs)
-    return layer_name(chosen)
 
 
 def measure(

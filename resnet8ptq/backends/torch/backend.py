@@ -44,9 +44,8 @@ from resnet8ptq.backends.torch.observers import split_shared_observers
 from resnet8ptq.backends.torch.program import (
     check_quantized,
     drop_unused_attributes,
-    effective_bits,
-    effective_dtypes,
     fold_weight_dequantize,
+    layer_precision,
     payload_bytes,
     weight_granularity,
 )
@@ -56,6 +55,7 @@ from resnet8ptq.backends.torch.quantizer import (
     compute_ranges,
     make_quantizer,
 )
+from resnet8ptq.layers import base_precision
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +91,8 @@ class TorchBackend(Backend):
         start = time.perf_counter()
         shape = input_shape(onnx_path)
         example = example_input(shape)
-        prepared = prepare_pt2e(export(onnx_to_torch(onnx_path), example).module(), make_quantizer(spec))
+        quantizer = make_quantizer(spec, onnx_path)
+        prepared = prepare_pt2e(export(onnx_to_torch(onnx_path), example).module(), quantizer)
         split_shared_observers(prepared)
         observers = activation_observers(prepared, onnx_path)
         calib_start = time.perf_counter()
@@ -101,10 +102,13 @@ class TorchBackend(Backend):
         converted = convert_pt2e(prepared)
         drop_unused_attributes(converted)
         path = Path(workdir) / "model_quantized.pt2"
-        program = save_program(export(converted, example), path)
+        exported = export(converted, example)
+        layer_nodes = quantizer.layer_nodes(exported.graph)  # before saving drops the module metadata
+        program = save_program(exported, path)
         counts = check_quantized(program)
-        activation_dtype, weight_dtype = effective_dtypes(program)
-        activation_bits, weight_bits = effective_bits(program)
+        layers = layer_precision(program, layer_nodes)
+        activation_dtype, activation_bits = base_precision(layers, "activation")
+        weight_dtype, weight_bits = base_precision(layers, "weight")
         quantize_seconds = time.perf_counter() - start - calib_seconds  # as in ORT: calibration apart
 
         reference_module = program.module()
@@ -122,6 +126,7 @@ class TorchBackend(Backend):
             activation_bits=activation_bits,
             weight_bits=weight_bits,
             ranges=ranges,
+            layers=layers,
             calib_seconds=calib_seconds,
             quantize_seconds=quantize_seconds,
             metrics={

@@ -77,6 +77,13 @@ def export(module: torch.nn.Module, example: tuple[torch.Tensor]) -> torch.expor
     return torch.export.export(module, example, dynamic_shapes=({0: batch},))
 
 
+def onnx_module(node: fx.Node) -> str | None:
+    """The ONNX node a traced node comes from: the outermost onnx2torch module on its ``nn_module_stack``
+    (onnx2torch names each module after its ONNX node; a split node, e.g. pad + conv, nests below it)."""
+    stack = node.meta.get("nn_module_stack") or {}
+    return next((path for path, _ in stack.values() if path), None)
+
+
 def make_predictor(module: Any, batch_size: int = PREDICT_BATCH) -> Predictor:
     """NHWC float32 numpy → probabilities numpy, batch by batch under inference mode."""
 

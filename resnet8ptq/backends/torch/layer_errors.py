@@ -15,8 +15,15 @@ import torch
 from torch import fx
 
 from resnet8ptq.backends.base import LayerError, sqnr_db
-from resnet8ptq.backends.torch.convert import example_input, export, input_shape, load_program, onnx_to_torch
-from resnet8ptq.backends.torch.program import count_targets, is_zero_pad, qdq_op
+from resnet8ptq.backends.torch.convert import (
+    example_input,
+    export,
+    input_shape,
+    load_program,
+    onnx_module,
+    onnx_to_torch,
+)
+from resnet8ptq.backends.torch.program import WEIGHTED_OPS, count_targets, is_zero_pad, qdq_op
 from resnet8ptq.calibration import batches
 from resnet8ptq.model import layer_name
 
@@ -34,9 +41,6 @@ busy machine (parallel sweep workers) two threads were measured 10-25x slower th
 
 Pairs = dict[str, tuple[str, str]]
 """Layer name -> (node of the FP32 graph, node of the quantized graph) whose outputs are compared."""
-
-
-_WEIGHTED_OPS = (torch.ops.aten.conv2d.default, torch.ops.aten.linear.default)
 
 
 _LAYOUT_OPS = (torch.ops.aten.permute.default, torch.ops.aten.reshape.default, torch.ops.aten.view.default)
@@ -158,9 +162,7 @@ def onnx_nodes(program: torch.export.ExportedProgram, onnx_path: Path) -> dict[s
         return {}
     found = {}
     for node in traced.graph.nodes:
-        # The outermost module below the root is the onnx2torch module of one ONNX node.
-        stack = node.meta.get("nn_module_stack") or {}
-        top = next((path for path, _ in stack.values() if path), None)
+        top = onnx_module(node)
         if top in by_name:
             found[node.name] = by_name[top]
     return found
@@ -206,16 +208,16 @@ def layer_pairs(
 
     weights: Pairs = {}
     for node in measured.graph.nodes:
-        if node.op != "call_function" or node.target not in _WEIGHTED_OPS:
+        if node.op != "call_function" or node.target not in WEIGHTED_OPS:
             continue
         weight = node.args[1]
         if not (qdq_op(weight) or "").startswith("dequantize"):
             raise RuntimeError(f"{node.name}: the weight is not dequantized from integers ({weight.name}).")
         name = layer_name(names[node.name].input[1]) if node.name in names else node.name
         weights[name] = (counterpart(node).args[1].name, weight.name)
-    if len(weights) != count_targets(reference, *_WEIGHTED_OPS):
+    if len(weights) != count_targets(reference, *WEIGHTED_OPS):
         raise RuntimeError(
-            f"Matched {len(weights)} of the FP32 graph's {count_targets(reference, *_WEIGHTED_OPS)} "
+            f"Matched {len(weights)} of the FP32 graph's {count_targets(reference, *WEIGHTED_OPS)} "
             f"conv/linear weights."
         )
     return activations, weights

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 from torch import fx
 
+from resnet8ptq.backends.base import LayerPrecision
 from resnet8ptq.backends.torch.convert import get_attr
 from resnet8ptq.dtype import bits_used
 
@@ -83,31 +84,35 @@ def weight_granularity(program: torch.export.ExportedProgram) -> str:
     return "per-tensor"
 
 
-def effective_dtypes(program: torch.export.ExportedProgram) -> tuple[str, str]:
-    """(activation, weight) dtypes read from the program's quantize/dequantize ops.
-
-    Activations: the dtype of every runtime ``quantize_per_tensor``. Weights: the dtype of every
-    dequantize whose input is a stored (folded) integer constant. Raises unless each is one dtype.
-    """
-    act = {_dtype_arg(n) for n in program.graph.nodes if qdq_op(n) == "quantize_per_tensor"}
-    weight = {_dtype_arg(n) for n in weight_dequantizes(program)}
-    if len(act) != 1 or len(weight) != 1:
-        raise RuntimeError(f"Expected one activation and one weight dtype, found {act} and {weight}.")
-    return act.pop(), weight.pop()
+WEIGHTED_OPS = (torch.ops.aten.conv2d.default, torch.ops.aten.linear.default)
+"""The ops whose second argument is a quantized weight."""
 
 
-def effective_bits(program: torch.export.ExportedProgram) -> tuple[int, int]:
-    """(activation bits, weight bits) read from the program: activations, the bits of the integer range every
-    runtime ``quantize_per_tensor`` clamps to (its quant_min/quant_max); weights, the fewest bits that hold
-    every stored weight integer. Raises unless the activations have one width."""
-    ranges = {(n.args[3], n.args[4]) for n in program.graph.nodes if qdq_op(n) == "quantize_per_tensor"}
-    activation = {bits_used(low, high, signed=low < 0) for low, high in ranges}
-    if len(activation) != 1:
-        raise RuntimeError(f"Expected one activation width, found the integer ranges {sorted(ranges)}.")
-    weights = quantized_weights(program)
-    low = min(int(w.min()) for w in weights)
-    high = max(int(w.max()) for w in weights)
-    return activation.pop(), bits_used(min(low, 0), max(high, 0), signed=weights[0].dtype.is_signed)
+def layer_precision(
+    program: torch.export.ExportedProgram, layer_nodes: dict[str, tuple[str, str]]
+) -> list[LayerPrecision]:
+    """Every quantized layer of a saved program as stored, named by ``layer_nodes`` (node name -> (kind,
+    layer), :meth:`OrtAlignedX86Quantizer.layer_nodes`): activations by the dtype and integer range their
+    ``quantize_per_tensor`` clamps to, weights by their stored integers (dtype, fewest bits holding them)."""
+    found: dict[tuple[str, str], LayerPrecision] = {}
+    for node in program.graph.nodes:
+        if node.name not in layer_nodes:
+            continue
+        kind, layer = layer_nodes[node.name]
+        if kind == "activation":
+            low, high = node.args[3], node.args[4]
+            precision = LayerPrecision(layer, kind, _dtype_arg(node), bits_used(low, high, signed=low < 0))
+        else:
+            dequantize = node.args[1]
+            if not (qdq_op(dequantize) or "").startswith("dequantize"):
+                raise RuntimeError(f"{node.name}: the weight is not dequantized from integers.")
+            stored = _stored_tensor(program, dequantize.args[0])
+            low, high = min(int(stored.min()), 0), max(int(stored.max()), 0)
+            dtype = str(stored.dtype).removeprefix("torch.")
+            precision = LayerPrecision(layer, kind, dtype, bits_used(low, high, stored.dtype.is_signed))
+        if found.setdefault((kind, layer), precision) != precision:
+            raise RuntimeError(f"{kind} {layer} is quantized twice: {found[kind, layer]} and {precision}")
+    return list(found.values())
 
 
 def payload_bytes(program: torch.export.ExportedProgram) -> int:

@@ -1,4 +1,5 @@
-"""The PT2E quantizer (X86InductorQuantizer with ORT-equivalent observers) and calibration of a model."""
+"""The PT2E quantizer (X86InductorQuantizer with ORT-equivalent observers, layers raised to 16 bits by their
+annotations) and calibration of a model."""
 
 from __future__ import annotations
 
@@ -11,56 +12,129 @@ from torch import fx
 from torchao.quantization.pt2e.quantizer import QuantizationConfig, QuantizationSpec, SharedQuantizationSpec
 from torchao.quantization.pt2e.quantizer.x86_inductor_quantizer import X86InductorQuantizer
 
-from resnet8ptq.backends.base import QuantSpec, TensorRange
+from resnet8ptq.backends.base import RAISED_BITS, QuantSpec, TensorRange, Unsupported
+from resnet8ptq.backends.torch.convert import onnx_module
 from resnet8ptq.backends.torch.observers import (
     TORCH_DTYPES,
     OrtActivationObserver,
     OrtWeightObserver,
 )
 from resnet8ptq.backends.torch.private_api import QUANT_ANNOTATION_KEY, x86_annotation
-from resnet8ptq.backends.torch.program import is_zero_pad
+from resnet8ptq.backends.torch.program import WEIGHTED_OPS, is_zero_pad, qdq_op
 from resnet8ptq.calibration import CalibConfig, batches
+from resnet8ptq.dtype import integer_range
+from resnet8ptq.model import layer_name
 
 
 def quantization_config(spec: QuantSpec) -> QuantizationConfig:
     """A QuantizationConfig for X86InductorQuantizer: ORT-style observers, the spec's types and widths."""
-    act_storage, weight_storage = spec.dtype.storage
-    act_dtype, weight_dtype = TORCH_DTYPES[act_storage], TORCH_DTYPES[weight_storage]
-    qmin, qmax = spec.dtype.activation_range()
-    activation = QuantizationSpec(
-        dtype=act_dtype,
-        quant_min=qmin,
-        quant_max=qmax,
+    activation = activation_qspec(spec, spec.dtype.storage[0], spec.dtype.activation_range())
+    symmetric = spec.dtype.weight_symmetric(spec.per_channel)
+    weight = weight_qspec(spec, spec.dtype.weight, spec.dtype.weight_range(symmetric, spec.reduce_range))
+    return QuantizationConfig(activation, activation, weight, None, is_qat=False)
+
+
+def activation_qspec(spec: QuantSpec, storage: str, qrange: tuple[int, int]) -> QuantizationSpec:
+    """A per-tensor affine activation spec in ``storage`` over the integer range ``qrange``."""
+    return QuantizationSpec(
+        dtype=TORCH_DTYPES[storage],
+        quant_min=qrange[0],
+        quant_max=qrange[1],
         qscheme=torch.per_tensor_affine,
         observer_or_fake_quant_ctr=OrtActivationObserver.with_args(calib=spec.calib),
     )
-    symmetric = spec.dtype.weight_symmetric(spec.per_channel)
-    wmin, wmax = spec.dtype.weight_range(symmetric, spec.reduce_range)
+
+
+def weight_qspec(
+    spec: QuantSpec, storage: str, qrange: tuple[int, int], symmetric: bool | None = None
+) -> QuantizationSpec:
+    """A weight spec in ``storage`` over ``qrange``, per channel or per tensor; ``symmetric`` (None: ORT's
+    rule for the `dtype` choice, :meth:`DtypeConfig.weight_symmetric`)."""
+    if symmetric is None:
+        symmetric = spec.dtype.weight_symmetric(spec.per_channel)
     # X86InductorQuantizer accepts only *symmetric* weight qschemes in the spec; the observer sets the
     # effective one (affine for per-tensor uint8, as ORT does), and convert_pt2e reads it from the observer.
-    weight = QuantizationSpec(
-        dtype=weight_dtype,
-        quant_min=wmin,
-        quant_max=wmax,
+    return QuantizationSpec(
+        dtype=TORCH_DTYPES[storage],
+        quant_min=qrange[0],
+        quant_max=qrange[1],
         qscheme=torch.per_channel_symmetric if spec.per_channel else torch.per_tensor_symmetric,
         ch_axis=0 if spec.per_channel else None,
         observer_or_fake_quant_ctr=OrtWeightObserver.with_args(
             symmetric=symmetric, per_channel=spec.per_channel, ch_axis=0
         ),
     )
-    return QuantizationConfig(activation, activation, weight, None, is_qat=False)
 
 
 class OrtAlignedX86Quantizer(X86InductorQuantizer):
     """X86InductorQuantizer, except that a zero pad feeding a quantized op is quantized with its input's
-    parameters. onnx2torch splits ONNX's asymmetric Conv padding into pad + conv; ORT calibrates the
-    Conv input (the unpadded tensor), so the torch range must come from the unpadded tensor too."""
+    parameters (onnx2torch splits ONNX's asymmetric Conv padding into pad + conv; ORT calibrates the
+    Conv input, the unpadded tensor, so the torch range must come from the unpadded tensor too), and that
+    the raised layers (``raised``: their 16-bit specs by layer name) are annotated with those specs; each of
+    ``required`` must be found (the others are layers that take their quantization, e.g. a reshape of it,
+    which the X86 recipe may quantize on its own: raised too, as ORT's shared parameters raise them).
+
+    ``onnx_outputs`` maps each ONNX node name to its output tensor, ``weight_layers`` each conv/gemm node name
+    to its weight's layer name: how the annotated edges are named.
+    """
+
+    def __init__(
+        self,
+        onnx_outputs: dict[str, str] | None = None,
+        weight_layers: dict[str, str] | None = None,
+        raised: dict[str, QuantizationSpec] | None = None,
+        required: frozenset[str] = frozenset(),
+    ) -> None:
+        super().__init__()
+        self.onnx_outputs = onnx_outputs or {}
+        self.weight_layers = weight_layers or {}
+        self.raised = raised or {}
+        self.required = required
 
     def annotate(self, model: fx.GraphModule) -> fx.GraphModule:
         super().annotate(model)
         for pad in [n for n in model.graph.nodes if is_zero_pad(n)]:
             self._share_through_pad(pad)
+        if self.raised:
+            self._raise(model)
         return model
+
+    def layer_nodes(self, graph: fx.Graph) -> dict[str, tuple[str, str]]:
+        """Node name -> (kind, layer) for the ops of a converted program that store a layer: each activation
+        ``quantize_per_tensor`` (zero pads carry their input's) and each conv/linear (its weight). Read
+        before saving, which drops the module metadata the names come from; saving keeps node names."""
+        found = {}
+        for node in graph.nodes:
+            if qdq_op(node) == "quantize_per_tensor" and not is_zero_pad(node.args[0]):
+                found[node.name] = ("activation", layer_name(tensor_name(node.args[0], self.onnx_outputs)))
+            elif node.op == "call_function" and node.target in WEIGHTED_OPS:
+                found[node.name] = ("weight", self.weight_layers.get(onnx_module(node) or "", node.name))
+        return found
+
+    def _raise(self, model: fx.GraphModule) -> None:
+        """Give every edge of a raised layer its 16-bit spec: the activation where its consumers quantize it
+        (edges that share another's parameters follow it), the weight where its conv/linear reads it."""
+        done: set[str] = set()
+        for node in model.graph.nodes:
+            annotation = node.meta.get(QUANT_ANNOTATION_KEY)
+            if annotation is None:
+                continue
+            for source, qspec in list(annotation.input_qspec_map.items()):
+                if not isinstance(qspec, QuantizationSpec):
+                    continue
+                if source.op == "get_attr":  # a weight: named after the ONNX node that reads it
+                    name = self.weight_layers.get(onnx_module(node) or "")
+                else:
+                    name = layer_name(tensor_name(source, self.onnx_outputs))
+                if name in self.raised:
+                    annotation.input_qspec_map[source] = self.raised[name]
+                    done.add(name)
+        missing = sorted(set(self.required) - done)
+        if missing:
+            raise Unsupported(
+                f"raised_layers: {missing} are not quantized by the PyTorch recipe (X86InductorQuantizer); "
+                f"analysis/layer_sqnr.csv of a torch run lists the layers it quantizes."
+            )
 
     @staticmethod
     def _share_through_pad(pad: fx.Node) -> None:
@@ -79,9 +153,29 @@ class OrtAlignedX86Quantizer(X86InductorQuantizer):
             annotation.input_qspec_map[pad] = SharedQuantizationSpec((source, pad))
 
 
-def make_quantizer(spec: QuantSpec) -> OrtAlignedX86Quantizer:
-    """X86InductorQuantizer (conv/linear/add/relu fusion patterns) with the spec's config."""
-    return OrtAlignedX86Quantizer().set_global(quantization_config(spec))
+def make_quantizer(spec: QuantSpec, onnx_path: Path) -> OrtAlignedX86Quantizer:
+    """X86InductorQuantizer (conv/linear/add/relu fusion patterns) with the spec's config, and 16-bit specs
+    for the spec's raised layers (names of ``onnx_path``'s layers)."""
+    import onnx
+
+    from resnet8ptq.layers import expected_raised, model_layers
+    from resnet8ptq.weight_grid import quantized_weights
+
+    graph_model = onnx.load(str(onnx_path))
+    layers = model_layers(graph_model)
+    raised = {}
+    for name in expected_raised(spec.raised_layers, graph_model):
+        storage = spec.raised_storage(layers[name].kind)
+        if layers[name].kind == "activation":
+            qrange = integer_range(storage, RAISED_BITS, symmetric=False)
+            raised[name] = activation_qspec(spec, storage, qrange)
+        else:
+            raised[name] = weight_qspec(spec, storage, integer_range(storage, RAISED_BITS, True), True)
+    onnx_outputs = {node.name: node.output[0] for node in graph_model.graph.node}
+    weights = quantized_weights(graph_model)
+    weight_layers = {node.name: layer_name(name) for name, (node, _) in weights.items()}
+    quantizer = OrtAlignedX86Quantizer(onnx_outputs, weight_layers, raised, frozenset(spec.raised_layers))
+    return quantizer.set_global(quantization_config(spec))
 
 
 def _module_path(node: fx.Node) -> str | None:
@@ -90,7 +184,7 @@ def _module_path(node: fx.Node) -> str | None:
     return next(reversed(stack.values()))[0] if stack else None
 
 
-def _tensor_name(node: fx.Node, onnx_outputs: dict[str, str]) -> str:
+def tensor_name(node: fx.Node, onnx_outputs: dict[str, str]) -> str:
     """The ONNX tensor a graph node computes (e.g. ``model_1/activation_1/Relu:0``), else the node name."""
     path = _module_path(node)
     return onnx_outputs.get(path, f"{path}:{node.name}" if path else node.name)
@@ -110,7 +204,7 @@ def activation_observers(prepared: fx.GraphModule, onnx_path: Path) -> dict[str,
         module = prepared.get_submodule(node.target)
         if isinstance(module, OrtActivationObserver) and id(module) not in seen:
             seen.add(id(module))
-            observers[_tensor_name(node.args[0], onnx_outputs)] = module
+            observers[tensor_name(node.args[0], onnx_outputs)] = module
     return observers
 
 

@@ -1,0 +1,112 @@
+"""Layers of the canonical model as both backends and the per-layer SQNR analysis name them, and the rules of
+mixed precision (`raised_layers`): which names exist, which layers take their input's quantization (and so
+follow it when it is raised), and which layers a saved model really holds at 16 bits."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import onnx
+
+from resnet8ptq.backends.base import RAISED_BITS, LayerPrecision
+from resnet8ptq.config import ConfigError
+from resnet8ptq.model import layer_name
+from resnet8ptq.weight_grid import quantized_weights
+
+SHARING_OPS = {"AveragePool", "Flatten", "MaxPool", "Reshape", "Slice", "Squeeze", "Transpose", "Unsqueeze"}
+"""Ops whose output ORT quantizes with its input's parameters (``QDQDirect8BitOp``, ``QDQMaxPool``); the
+PT2E recipe shares them too (``SharedQuantizationSpec``). Raising such an output alone changes nothing."""
+
+
+class RaisedLayerError(ConfigError):
+    """A name in `raised_layers` that cannot be raised (unknown, or taking its input's quantization)."""
+
+
+@dataclass(frozen=True)
+class Layer:
+    """A layer that can be quantized: an activation tensor or a conv/gemm weight of the canonical model."""
+
+    name: str  # layer_name() of the tensor: what analysis/layer_sqnr.csv calls it
+    kind: str  # "activation" | "weight"
+    tensor: str  # the ONNX tensor name
+
+
+def model_layers(model: onnx.ModelProto) -> dict[str, Layer]:
+    """Every activation tensor (node outputs) and conv/gemm weight of the model, by layer name."""
+    layers: dict[str, Layer] = {}
+    weights = {name: Layer(layer_name(name), "weight", name) for name in quantized_weights(model)}
+    activations = [
+        Layer(layer_name(tensor), "activation", tensor) for node in model.graph.node for tensor in node.output
+    ]
+    for layer in [*weights.values(), *activations]:
+        if layer.name in layers and layers[layer.name].tensor != layer.tensor:
+            raise RuntimeError(f"Two tensors of the model are both called layer {layer.name!r}.")
+        layers[layer.name] = layer
+    return layers
+
+
+def sharing(model: onnx.ModelProto) -> dict[str, str]:
+    """Activation layer -> the layer whose quantization it takes (followed to the end of a chain, e.g.
+    flatten_1/Reshape -> average_pooling2d_1/AvgPool -> activation_6_1/Relu). Outputs of graph inputs are
+    quantized on their own."""
+    produced = {tensor for node in model.graph.node for tensor in node.output}
+    source = {
+        layer_name(node.output[0]): layer_name(node.input[0])
+        for node in model.graph.node
+        if node.op_type in SHARING_OPS and node.input and node.input[0] in produced
+    }
+    resolved = {}
+    for layer, origin in source.items():
+        while origin in source:
+            origin = source[origin]
+        resolved[layer] = origin
+    return resolved
+
+
+def check_raised(names: Sequence[str], model: onnx.ModelProto, activation_bits: int) -> None:
+    """Raise :class:`RaisedLayerError` unless every name is a layer that can be raised to 16 bits."""
+    layers, shared = model_layers(model), sharing(model)
+    unknown = [name for name in names if name not in layers]
+    if unknown:
+        known = ", ".join(sorted(name for name in layers if name not in shared))
+        raise RaisedLayerError(
+            f"raised_layers: {unknown} are not layers of this model. Its tensors (a run's "
+            f"analysis/layer_sqnr.csv lists those its backend quantizes): {known}."
+        )
+    for name in names:
+        if name in shared:
+            origin = shared[name]
+            raise RaisedLayerError(
+                f"raised_layers: {name} takes the quantization of {origin}; raise {origin} instead."
+            )
+        if layers[name].kind == "activation" and activation_bits >= RAISED_BITS:
+            raise RaisedLayerError(
+                f"raised_layers: {name} is an activation, and dtype.activation_bits={activation_bits} is "
+                f"already {RAISED_BITS} bits; raise weights only."
+            )
+
+
+def expected_raised(names: Iterable[str], model: onnx.ModelProto) -> set[str]:
+    """The layers a model quantized with ``names`` raised must hold at 16 bits: those, and every layer that
+    takes one of their quantizations."""
+    raised = set(names)
+    return raised | {layer for layer, origin in sharing(model).items() if origin in raised}
+
+
+def raised_in(layers: Iterable[LayerPrecision], activation_bits: int) -> list[str]:
+    """The layers a saved model holds at 16 bits beyond its configuration, in model order: weights wider than
+    8 bits (a width's range may need one more bit than configured, e.g. uint8 holding 0..128 for 7-bit
+    per-channel weights, never more), activations wider than 8 bits and than ``dtype.activation_bits``."""
+    limit = {"activation": max(8, activation_bits), "weight": 8}
+    return [layer.layer for layer in layers if layer.bits > limit[layer.kind]]
+
+
+def base_precision(layers: Sequence[LayerPrecision], kind: str) -> tuple[str, int]:
+    """(storage type, bits) of the narrowest ``kind`` layers: the model's own width, apart from the raised
+    layers. Raises if the model holds no such layer."""
+    found = [layer for layer in layers if layer.kind == kind]
+    if not found:
+        raise RuntimeError(f"The quantized model has no quantized {kind}: it is not quantized.")
+    narrowest = min(found, key=lambda layer: layer.bits)
+    return narrowest.dtype, narrowest.bits
