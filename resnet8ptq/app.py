@@ -84,7 +84,9 @@ def task(cfg: DictConfig) -> float | list[float] | None:
         return values[0] if len(values) == 1 else values
     except Unsupported as err:  # a sweep goes on without it; a single run fails
         if hydra_cfg.mode != RunMode.MULTIRUN:
-            raise RunFailed(f"Unsupported: {err}") from err
+            failure = RunFailed(f"Unsupported: {err}")
+            tag_sweep_error(str(failure))
+            raise failure from err
         job = " ".join(hydra_cfg.overrides.task)
         log.warning("Skipped %s: %s", job, err)
         tag_sweep_unsupported(re.sub(r"[^\w\-.:/]", "_", job.replace("=", "-"))[:200], str(err))

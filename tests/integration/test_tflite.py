@@ -13,6 +13,7 @@ import pytest
 from ai_edge_litert import schema_py_generated as schema
 from ai_edge_litert.interpreter import Interpreter, OpResolverType
 from mlflow.entities import Run
+from mlflow.tracking import MlflowClient
 
 from resnet8ptq.backends.base import QuantSpec
 from resnet8ptq.backends.tflite.backend import TFLiteBackend
@@ -263,3 +264,7 @@ def test_refused_configuration_fails_with_what_it_can_run(
     assert result.returncode == 1
     assert "Unsupported: backend=tflite runs dtype=int8" in result.stderr
     assert "has no entropy calibration. Use calib=minmax." in result.stderr
+    store = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    (parent,) = store.search_runs([store.get_experiment_by_name("resnet8ptq").experiment_id])
+    assert parent.info.status == "FAILED", "a refused single run ends its parent FAILED"
+    assert parent.data.tags["error"].startswith("Unsupported: backend=tflite runs dtype=int8")
