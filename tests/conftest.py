@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,3 +17,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if INTEGRATION in Path(item.fspath).parents:
             item.add_marker(pytest.mark.integration)
+
+
+@pytest.fixture(autouse=True)
+def _mlflow_tracking_uri_is_per_test(monkeypatch: pytest.MonkeyPatch):
+    """A test that points MLflow somewhere (``mlflow.set_tracking_uri`` also exports MLFLOW_TRACKING_URI)
+    must not leave later tests, or their subprocesses, writing into its store."""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    yield
+    mlflow = sys.modules.get("mlflow")
+    if mlflow is not None:
+        mlflow.set_tracking_uri(None)
