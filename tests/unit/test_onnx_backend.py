@@ -10,7 +10,7 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 from resnet8ptq.backends.onnx.backend import kernel_summary
-from resnet8ptq.backends.onnx.layer_errors import dequantized_weights
+from resnet8ptq.backends.onnx.layer_errors import dequantized_weights, float_activations
 
 
 def _graph_of(*op_types: str) -> onnx.ModelProto:
@@ -63,3 +63,33 @@ def test_dequantized_weights_follow_the_onnx_reference(
     weights = dequantized_weights(model)
     assert list(weights) == ["w"]
     np.testing.assert_allclose(weights["w"], expected, rtol=0, atol=1e-6)
+
+
+def _scaled_model(factor: float) -> onnx.ModelProto:
+    """input (NHWC) -> Mul(factor) -> Relu: two intermediate tensors."""
+    nodes = [
+        helper.make_node("Mul", ["input", "factor"], ["scaled"]),
+        helper.make_node("Relu", ["scaled"], ["out"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "scaled",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, [None, 2, 2, 3])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, [None, 2, 2, 3])],
+        [numpy_helper.from_array(np.array(factor, np.float32), "factor")],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_fp32_tensors_are_reused_until_the_model_or_images_change(tmp_path) -> None:
+    """A sweep's runs share the FP32 side of the layer analysis; a changed model or image set is measured
+    anew."""
+    path = tmp_path / "fp32.onnx"
+    onnx.save(_scaled_model(2.0), path)
+    images = np.arange(2 * 2 * 2 * 3, dtype=np.float32).reshape(2, 2, 2, 3)
+    first = float_activations(path, images)
+    assert float_activations(path, images) is first
+    np.testing.assert_allclose(first["scaled"][0], (images * 2).ravel())
+    onnx.save(_scaled_model(3.0), path)
+    np.testing.assert_allclose(float_activations(path, images)["scaled"][0], (images * 3).ravel())
+    np.testing.assert_allclose(float_activations(path, images + 1)["scaled"][0], ((images + 1) * 3).ravel())

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import tempfile
 from pathlib import Path
 
@@ -69,14 +70,9 @@ def measure(float_path: Path, qdq_path: Path, images: np.ndarray) -> list[LayerE
     """SQNR of each quantized activation (the QDQ model's dequantized tensor) against the float model's tensor
     at the same point, on ``images``, and of each dequantized conv/gemm weight against its float weight."""
     lossless = _input_tensors(float_path)  # integer pixels: quantizing them loses nothing (~414 dB)
-    activations = {}
-    with tempfile.TemporaryDirectory(prefix="resnet8ptq-layer-errors-") as tmp:
-        for name, path in (("float", float_path), ("qdq", qdq_path)):
-            augmented = Path(tmp) / f"{name}_augmented.onnx"
-            modify_model_output_intermediate_tensors(str(path), str(augmented))
-            reader = ImageReader(images, EVAL_CHUNK, input_name(float_path), desc=f"Layer errors ({name})")
-            activations[name] = collect_activations(str(augmented), reader)
-    matched = create_activation_matching(activations["qdq"], activations["float"])
+    matched = create_activation_matching(
+        intermediate_tensors(qdq_path, images, "qdq"), float_activations(float_path, images)
+    )
     errors = [
         LayerError(layer_name(tensor), "activation", result["xmodel_err"])
         for tensor, result in compute_activation_error(matched).items()
@@ -93,3 +89,25 @@ def measure(float_path: Path, qdq_path: Path, images: np.ndarray) -> list[LayerE
         if dequantized.ndim >= 2  # conv / gemm weights, not biases
     ]
     return errors
+
+
+def intermediate_tensors(path: Path, images: np.ndarray, name: str) -> dict[str, list[np.ndarray]]:
+    """Every intermediate tensor of the model at ``path`` on ``images``, per batch (ORT's qdq_loss_debug)."""
+    with tempfile.TemporaryDirectory(prefix="resnet8ptq-layer-errors-") as tmp:
+        augmented = Path(tmp) / f"{name}_augmented.onnx"
+        modify_model_output_intermediate_tensors(str(path), str(augmented))
+        reader = ImageReader(images, EVAL_CHUNK, input_name(path), desc=f"Layer errors ({name})")
+        return collect_activations(str(augmented), reader)
+
+
+_float_cache: dict[tuple, dict[str, list[np.ndarray]]] = {}
+
+
+def float_activations(path: Path, images: np.ndarray) -> dict[str, list[np.ndarray]]:
+    """:func:`intermediate_tensors` of the FP32 model, kept for the process's next run: the runs of a sweep
+    compare against the same FP32 model on the same images (keyed by the file's and the images' contents)."""
+    key = (hashlib.sha1(path.read_bytes()).hexdigest(), hashlib.sha1(images.tobytes()).hexdigest())
+    if key not in _float_cache:
+        _float_cache.clear()  # one FP32 model's tensors at a time
+        _float_cache[key] = intermediate_tensors(path, images, "float")
+    return _float_cache[key]
