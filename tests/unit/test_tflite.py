@@ -15,7 +15,6 @@ from resnet8ptq.backends.tflite.backend import TFLiteBackend, check_spec, kernel
 from resnet8ptq.backends.tflite.flatbuffer import (
     Tensor,
     TFLiteModel,
-    effective_bits,
     layer_precision,
     tflite_layer_name,
     weight_granularity,
@@ -25,6 +24,7 @@ from resnet8ptq.calibration import CalibConfig
 from resnet8ptq.data import DataError
 from resnet8ptq.dtype import DtypeConfig
 from resnet8ptq.evaluate import Evaluation
+from resnet8ptq.layers import base_precision
 
 MINMAX = CalibConfig("minmax")
 
@@ -123,7 +123,9 @@ def small_model() -> TFLiteModel:
 def test_granularity_and_widths_read_from_the_tensors() -> None:
     model = small_model()
     assert weight_granularity(model) == "per-channel x1, per-tensor x1 (model_1/dense_1/MatMul)"
-    assert effective_bits(model) == (8, 8), "int8 activations; weights -90..100 need 8 signed bits"
+    layers = layer_precision(model)
+    assert base_precision(layers, "activation") == ("int8", 8)
+    assert base_precision(layers, "weight") == ("int8", 8), "-90..7, -4..100: 8 signed bits each"
 
 
 def test_layer_names_follow_the_onnx_models() -> None:

@@ -35,8 +35,7 @@ from resnet8ptq.backends.tflite import layer_errors
 from resnet8ptq.backends.tflite.convert import convert
 from resnet8ptq.backends.tflite.flatbuffer import (
     TFLiteModel,
-    effective_bits,
-    effective_types,
+    check_fully_quantized,
     layer_precision,
     quantized_ranges,
     read,
@@ -45,6 +44,7 @@ from resnet8ptq.backends.tflite.flatbuffer import (
 from resnet8ptq.backends.tflite.litert_runner import TFLiteRunner
 from resnet8ptq.backends.tflite.private_api import execution_nodes
 from resnet8ptq.fetch import sha256_of
+from resnet8ptq.layers import base_precision
 from resnet8ptq.model import converter_versions
 
 NO_NATIVE = (
@@ -183,8 +183,10 @@ class TFLiteBackend(Backend):
     def _quantized(self, path: Path, calib_seconds: float, quantize_seconds: float) -> QuantizedModel:
         """A saved quantized .tflite in its two forms, with what is read back from the file."""
         model = read(path)
-        activation_dtype, weight_dtype = effective_types(model)
-        activation_bits, weight_bits = effective_bits(model)
+        check_fully_quantized(model)
+        layers = layer_precision(model)
+        activation_dtype, activation_bits = base_precision(layers, "activation")
+        weight_dtype, weight_bits = base_precision(layers, "weight")
         reference = TFLiteRunner(path, self.threads, reference=True)
         if self.native:
             default = TFLiteRunner(path, self.threads)
@@ -201,7 +203,7 @@ class TFLiteBackend(Backend):
             activation_bits=activation_bits,
             weight_bits=weight_bits,
             ranges=quantized_ranges(model),
-            layers=layer_precision(model),
+            layers=layers,
             calib_seconds=calib_seconds,
             quantize_seconds=quantize_seconds,
             metrics={"weights_bytes": float(sum(weight.values.nbytes for weight in model.weights))},

@@ -110,9 +110,9 @@ def _field(quantization: object, name: str, default: object) -> object:
     return default if value is None else value
 
 
-def effective_types(model: TFLiteModel) -> tuple[str, str]:
-    """(activation, weight) storage types of a quantized model, as stored: every quantized activation must
-    have one type and every conv/fully-connected weight one type, or the model is not fully quantized."""
+def check_fully_quantized(model: TFLiteModel) -> None:
+    """Raise unless every quantized activation has one integer type and every conv/fully-connected weight one
+    integer type: else the model is not fully quantized."""
     activation = {t.dtype for t in model.activations if len(t.scales)}
     weight = {t.dtype for t in model.weights}
     if len(activation) != 1 or len(weight) != 1 or "float32" in activation | weight:
@@ -122,19 +122,6 @@ def effective_types(model: TFLiteModel) -> tuple[str, str]:
             f"{sorted(activation)}, weights {sorted(weight)}, float tensors {floats[:3]}: not fully "
             f"quantized."
         )
-    return activation.pop(), weight.pop()
-
-
-def effective_bits(model: TFLiteModel) -> tuple[int, int]:
-    """(activation bits, weight bits): activations, the bits of their type (TFLite quantizes to its bounds);
-    weights, the fewest bits that hold every stored weight integer."""
-    activation_bits = {8 * np.dtype(t.dtype).itemsize for t in model.activations if len(t.scales)}
-    if len(activation_bits) != 1:
-        raise RuntimeError(f"Expected one activation width in the .tflite model, found {activation_bits}.")
-    low = min(int(t.values.min()) for t in model.weights)
-    high = max(int(t.values.max()) for t in model.weights)
-    signed = np.issubdtype(model.weights[0].values.dtype, np.signedinteger)
-    return activation_bits.pop(), bits_used(low, high, signed)
 
 
 def weight_granularity(model: TFLiteModel) -> str:
