@@ -160,7 +160,7 @@ class SweepRunCallback(Callback):
     def _start(self, config: DictConfig, output_dir: Path, kind: str) -> None:
         try:
             search = search_settings(config)
-            experiment_id = configure(config.mlflow)
+            experiment_id = configure(config.mlflow, Path(config.cache_dir))
             check_writable(output_dir)
         except (ConfigError, TrackingError, OutputDirError) as err:
             raise SystemExit(f"{type(err).__name__}: {err}") from err

@@ -1,4 +1,7 @@
-"""Matplotlib figures a person would rather look at than read: confusion matrix, per-class accuracy."""
+"""Matplotlib figures a person would rather look at than read: confusion matrix, per-class accuracy, per-layer
+SQNR. Every run draws them, so their margins are set from what they hold (fixed class names, the longest
+layer name) instead of by ``tight_layout``, which draws each figure once more to measure it (a third of its
+time)."""
 
 from __future__ import annotations
 
@@ -32,10 +35,7 @@ def confusion_matrix_png(matrix: np.ndarray, class_names: Sequence[str], path: P
             fontsize=7,
             color="white" if count > threshold else "black",
         )
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, path, left=0.15, right=0.9, bottom=0.15, top=0.94)
 
 
 def class_accuracy_png(
@@ -57,10 +57,7 @@ def class_accuracy_png(
     ax.set_xticks(positions)
     ax.set_xticklabels(class_names, rotation=30, ha="right")
     ax.set(ylabel="accuracy (%)", ylim=(0, 105), title=title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, path, left=0.08, right=0.98, bottom=0.2, top=0.91)
 
 
 def layer_sqnr_png(
@@ -80,7 +77,22 @@ def layer_sqnr_png(
     ax.set(xlabel="SQNR vs FP32 (dB, higher is better; bars cut at 80)", title=title, xlim=(0, 90))
     handles = [plt.Rectangle((0, 0), 1, 1, color=color) for color in colors.values()]
     ax.legend(handles, list(colors), loc="upper right", fontsize=8)
-    fig.tight_layout()
+    longest = max((len(label.get_text()) for label in ax.get_yticklabels()), default=0)
+    label_inches = 0.3 + longest * 7 * 0.62 / 72  # 7-pt tick labels: about 0.62 em per character
+    height = fig.get_figheight()
+    return _save(
+        fig,
+        path,
+        left=min(0.7, label_inches / fig.get_figwidth()),
+        right=0.97,
+        bottom=0.6 / height,
+        top=1 - 0.45 / height,
+    )
+
+
+def _save(fig: plt.Figure, path: Path, **margins: float) -> Path:
+    """Set the axes' margins (figure fractions), write the PNG and close the figure."""
+    fig.subplots_adjust(**margins)
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import os
+import shutil
+import sqlite3
 import tempfile
 import urllib.error
 import urllib.request
@@ -11,6 +14,8 @@ from pathlib import Path
 
 import mlflow
 from filelock import FileLock
+from mlflow.entities import Experiment
+from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig
 
 
@@ -24,9 +29,10 @@ EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 EXPERIMENT_KIND = "custom_model_development"
 
 
-def configure(mlflow_cfg: DictConfig) -> str:
+def configure(mlflow_cfg: DictConfig, cache_dir: Path | None = None) -> str:
     """Point MLflow at the configured store, check it answers, and return the experiment id (an experiment
-    without a kind is tagged as model development)."""
+    without a kind is tagged as model development). A new SQLite store starts from ``cache_dir``'s empty store
+    (:func:`seed_sqlite_store`) when given."""
     if mlflow_cfg.tracking_uri:
         mlflow.set_tracking_uri(mlflow_cfg.tracking_uri)
     uri = mlflow.get_tracking_uri()
@@ -41,7 +47,11 @@ def configure(mlflow_cfg: DictConfig) -> str:
             ) from err
     try:
         with store_lock(uri):
+            database = sqlite_path(uri)
+            seeded = cache_dir is not None and database is not None and seed_sqlite_store(database, cache_dir)
             experiment = mlflow.set_experiment(mlflow_cfg.experiment)
+            if seeded:
+                relocate_default_experiment(database, experiment)
             if EXPERIMENT_KIND_TAG not in experiment.tags:
                 mlflow.MlflowClient().set_experiment_tag(
                     experiment.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND
@@ -60,6 +70,47 @@ def runs_page(experiment_id: str, uri: str | None = None) -> str:
     return f"{base}/#/experiments/{experiment_id}/runs?workflowType=machine_learning"
 
 
+def sqlite_path(uri: str) -> Path | None:
+    """The database file of a ``sqlite:///`` tracking URI (None for any other store)."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    return Path(uri.removeprefix("sqlite:///").split("?")[0]).resolve()
+
+
+def seed_sqlite_store(database: Path, cache_dir: Path) -> bool:
+    """Start a new SQLite store as a copy of an empty store that MLflow created once for this machine and
+    MLflow version (in ``cache_dir``); return whether it did (False: the store exists).
+
+    MLflow creates a store by running its schema migrations one by one (about 2 s here); the copy holds the
+    same tables at the same schema revision and MLflow's Default experiment, which
+    :func:`relocate_default_experiment` then points at this store's artifact root. Callers hold
+    :func:`store_lock`.
+    """
+    if database.exists():
+        return False
+    template = cache_dir / f"mlflow-{mlflow.__version__}-empty-store.db"
+    if not template.exists():
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        with FileLock(template.with_suffix(".lock")), tempfile.TemporaryDirectory(dir=cache_dir) as tmp:
+            if not template.exists():
+                scratch = Path(tmp) / "mlflow.db"
+                MlflowClient(f"sqlite:///{scratch}").search_experiments()  # MLflow creates and migrates it
+                os.replace(scratch, template)
+    database.parent.mkdir(parents=True, exist_ok=True)
+    partial = database.with_name(f".{database.name}.partial")
+    shutil.copyfile(template, partial)
+    os.replace(partial, database)  # never a half-copied store under the store's name
+    return True
+
+
+def relocate_default_experiment(database: Path, experiment: Experiment) -> None:
+    """Point a seeded store's Default experiment (id 0) where MLflow would have put it in this store: beside
+    ``experiment``, which MLflow just created there under the store's artifact root."""
+    root = experiment.artifact_location.rstrip("/").rsplit("/", 1)[0]
+    with contextlib.closing(sqlite3.connect(database)) as db, db:
+        db.execute("UPDATE experiments SET artifact_location = ? WHERE experiment_id = 0", (f"{root}/0",))
+
+
 def store_lock(uri: str) -> contextlib.AbstractContextManager:
     """For a SQLite store: a lock that makes processes of this machine create it one at a time.
 
@@ -67,8 +118,8 @@ def store_lock(uri: str) -> contextlib.AbstractContextManager:
     together on a fresh store fail ("table runs already exists", "duplicate column name"); creating the
     experiment is a second race. Once the store exists MLflow's busy timeout (20 s) serialises writes.
     """
-    if not uri.startswith("sqlite:///"):
+    database = sqlite_path(uri)
+    if database is None:
         return contextlib.nullcontext()
-    database = Path(uri.removeprefix("sqlite:///").split("?")[0]).resolve()
     digest = hashlib.sha256(str(database).encode()).hexdigest()[:16]
     return FileLock(Path(tempfile.gettempdir()) / f"resnet8ptq-store-{digest}.lock")

@@ -10,7 +10,7 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 from resnet8ptq.backends.onnx.backend import kernel_summary
-from resnet8ptq.backends.onnx.layer_errors import dequantized_weights, float_activations
+from resnet8ptq.backends.onnx.layer_errors import augmented_session, dequantized_weights, tensors
 
 
 def _graph_of(*op_types: str) -> onnx.ModelProto:
@@ -81,15 +81,15 @@ def _scaled_model(factor: float) -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
-def test_fp32_tensors_are_reused_until_the_model_or_images_change(tmp_path) -> None:
-    """A sweep's runs share the FP32 side of the layer analysis; a changed model or image set is measured
-    anew."""
-    path = tmp_path / "fp32.onnx"
-    onnx.save(_scaled_model(2.0), path)
-    images = np.arange(2 * 2 * 2 * 3, dtype=np.float32).reshape(2, 2, 2, 3)
-    first = float_activations(path, images)
-    assert float_activations(path, images) is first
-    np.testing.assert_allclose(first["scaled"][0], (images * 2).ravel())
-    onnx.save(_scaled_model(3.0), path)
-    np.testing.assert_allclose(float_activations(path, images)["scaled"][0], (images * 3).ravel())
-    np.testing.assert_allclose(float_activations(path, images + 1)["scaled"][0], ((images + 1) * 3).ravel())
+def test_augmented_session_gives_each_intermediate_tensor_of_a_batch(tmp_path) -> None:
+    """The layer analysis reads a batch's tensors by their names in the model (flattened, as ORT's
+    qdq_loss_debug saves them); with op types given, only the tensors around those nodes."""
+    path = tmp_path / "scaled.onnx"
+    onnx.save(_scaled_model(-2.0), path)
+    images = np.arange(2 * 2 * 2 * 3, dtype=np.float32).reshape(2, 2, 2, 3) - 10
+    every = tensors(augmented_session(path, tmp_path / "every.onnx", None), {"input": images})
+    assert every.keys() == {"input", "scaled", "out"}
+    np.testing.assert_allclose(every["scaled"][0], (images * -2).ravel())
+    np.testing.assert_allclose(every["out"][0], np.maximum(images * -2, 0).ravel())
+    relu_only = tensors(augmented_session(path, tmp_path / "relu.onnx", ["Relu"]), {"input": images})
+    assert relu_only.keys() == {"scaled", "out"}

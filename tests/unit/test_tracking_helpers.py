@@ -69,3 +69,53 @@ def test_model_lands_in_its_runs_experiment_with_its_params(tmp_path, monkeypatc
         assert mlflow.onnx.load_model(uri).graph.name == "tiny"
     finally:
         mlflow.set_tracking_uri(None)
+
+
+def _store(database) -> tuple[list, list]:
+    """(migration revision, tables and indexes with every table's columns, experiments) of a SQLite store.
+    Columns, not CREATE statements: MLflow's migrations write the same constraints in varying order."""
+    import contextlib
+    import sqlite3
+
+    with contextlib.closing(sqlite3.connect(database)) as db:
+        schema = db.execute("SELECT version_num FROM alembic_version").fetchall()
+        for kind, name in sorted(db.execute("SELECT type, name FROM sqlite_master").fetchall()):
+            schema.append((kind, name, db.execute(f'PRAGMA table_info("{name}")').fetchall()))
+        experiments = db.execute(
+            "SELECT experiment_id, name, artifact_location, lifecycle_stage FROM experiments ORDER BY 1"
+        ).fetchall()
+    return schema, experiments
+
+
+def test_new_sqlite_store_is_what_mlflow_creates(tmp_path, monkeypatch) -> None:
+    """A new store copied from the per-machine empty store has MLflow's schema at MLflow's revision and the
+    experiments MLflow would have created, artifact locations included; an existing store is left alone."""
+    from mlflow.tracking import MlflowClient
+    from omegaconf import OmegaConf
+
+    from resnet8ptq.tracking.store import configure
+
+    settings = OmegaConf.create({"tracking_uri": None, "experiment": "resnet8ptq"})
+    made_by = {}
+    for how in ("mlflow", "seeded", "seeded again"):
+        workdir = tmp_path / how.replace(" ", "-")
+        workdir.mkdir()
+        monkeypatch.chdir(workdir)
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{workdir / 'mlflow.db'}")
+        configure(settings, None if how == "mlflow" else tmp_path / "cache")
+        made_by[how] = _store(workdir / "mlflow.db")
+        MlflowClient().create_experiment("second")  # the store works on
+    template = next((tmp_path / "cache").glob("mlflow-*-empty-store.db"))
+    mlflow_schema, mlflow_experiments = made_by["mlflow"]
+    for how in ("seeded", "seeded again"):
+        schema, experiments = made_by[how]
+        assert schema == mlflow_schema
+        located = [(*e[:2], e[2].replace(how.replace(" ", "-"), "mlflow"), e[3]) for e in experiments]
+        assert located == mlflow_experiments
+    assert [e[:2] for e in mlflow_experiments] == [(0, "Default"), (1, "resnet8ptq")]
+    monkeypatch.chdir(tmp_path / "seeded")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'seeded' / 'mlflow.db'}")
+    before = template.stat().st_mtime_ns
+    configure(settings, tmp_path / "cache")  # exists: neither copied over nor changed
+    assert [e[1] for e in _store(tmp_path / "seeded" / "mlflow.db")[1]] == ["Default", "resnet8ptq", "second"]
+    assert template.stat().st_mtime_ns == before

@@ -1,28 +1,38 @@
 """Per-layer SQNR of a QDQ model against the FP32 model, with ORT's ``qdq_loss_debug`` for activations and
-:func:`dequantized_weights` for weights (ORT's weight matching wraps around for uint8 weights)."""
+:func:`dequantized_weights` for weights (ORT's weight matching wraps around for uint8 weights).
+
+ORT's ``collect_activations`` keeps every intermediate tensor of every batch (about 290 MB for the two models
+on 200 images), and on a VM the fresh memory pages cost more than running the models (measured: 1.2 s of
+page faults against 0.4 s of compute). So both models run side by side, ``STREAM_BATCH`` images at a time,
+and each batch's tensors are compared and dropped (:func:`measure`): ORT's augmentation, its QDQ matching and
+its SQNR formula (:func:`~resnet8ptq.backends.base.sqnr_db` on sums accumulated batch by batch)."""
 
 from __future__ import annotations
 
-import hashlib
 import tempfile
 from pathlib import Path
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 from onnx import numpy_helper
 from onnxruntime.quantization.qdq_loss_debug import (
-    collect_activations,
-    compute_activation_error,
+    _TENSOR_SAVE_POSTFIX,  # the suffix of the outputs the augmentation adds (collect_activations strips it)
     compute_signal_to_quantization_noice_ratio,
     create_activation_matching,
     modify_model_output_intermediate_tensors,
 )
+from tqdm import tqdm
 
-from resnet8ptq.backends.base import LayerError
-from resnet8ptq.backends.onnx.reader import ImageReader, input_name
+from resnet8ptq.backends.base import LayerError, sqnr_db
+from resnet8ptq.backends.onnx.reader import input_name
+from resnet8ptq.calibration import batches
 from resnet8ptq.model import layer_name
 
-EVAL_CHUNK = 100
+QDQ_OPS = ["QuantizeLinear", "DequantizeLinear"]
+"""The QDQ model's nodes whose tensors are compared: each quantized tensor before and after its Q/DQ pair."""
+STREAM_BATCH = 25
+"""Images per pass of the two models: their tensors (about 36 MB for 25 images) are compared, then dropped."""
 
 
 def _input_tensors(path: Path) -> set[str]:
@@ -70,14 +80,26 @@ def measure(float_path: Path, qdq_path: Path, images: np.ndarray) -> list[LayerE
     """SQNR of each quantized activation (the QDQ model's dequantized tensor) against the float model's tensor
     at the same point, on ``images``, and of each dequantized conv/gemm weight against its float weight."""
     lossless = _input_tensors(float_path)  # integer pixels: quantizing them loses nothing (~414 dB)
-    matched = create_activation_matching(
-        intermediate_tensors(qdq_path, images, "qdq"), float_activations(float_path, images)
-    )
-    errors = [
-        LayerError(layer_name(tensor), "activation", result["xmodel_err"])
-        for tensor, result in compute_activation_error(matched).items()
-        if "xmodel_err" in result and tensor not in lossless
-    ]
+    sums: dict[str, tuple[float, float]] = {}
+    with tempfile.TemporaryDirectory(prefix="resnet8ptq-layer-errors-") as tmp:
+        float_model = augmented_session(float_path, Path(tmp) / "float.onnx", None)
+        qdq_model = augmented_session(
+            qdq_path, Path(tmp) / "qdq.onnx", ["QuantizeLinear", "DequantizeLinear"]
+        )
+    feed_name = input_name(float_path)
+    progress = tqdm(total=-(-len(images) // STREAM_BATCH), desc="Layer errors", unit="batch", leave=False)
+    with progress:
+        for batch in batches(images, STREAM_BATCH):
+            feed = {feed_name: np.ascontiguousarray(batch, dtype=np.float32)}
+            matched = create_activation_matching(tensors(qdq_model, feed), tensors(float_model, feed))
+            for tensor, pair in matched.items():
+                if tensor in lossless or "float" not in pair:
+                    continue
+                x, y = pair["float"][0].astype(np.float64), pair["post_qdq"][0].astype(np.float64)
+                signal, noise = sums.get(tensor, (0.0, 0.0))
+                sums[tensor] = (signal + float(x @ x), noise + float((x - y) @ (x - y)))
+            progress.update()
+    errors = [LayerError(layer_name(tensor), "activation", sqnr_db(*sums[tensor])) for tensor in sums]
     floats = {init.name: init for init in onnx.load(float_path).graph.initializer}
     errors += [
         LayerError(
@@ -91,23 +113,21 @@ def measure(float_path: Path, qdq_path: Path, images: np.ndarray) -> list[LayerE
     return errors
 
 
-def intermediate_tensors(path: Path, images: np.ndarray, name: str) -> dict[str, list[np.ndarray]]:
-    """Every intermediate tensor of the model at ``path`` on ``images``, per batch (ORT's qdq_loss_debug)."""
-    with tempfile.TemporaryDirectory(prefix="resnet8ptq-layer-errors-") as tmp:
-        augmented = Path(tmp) / f"{name}_augmented.onnx"
-        modify_model_output_intermediate_tensors(str(path), str(augmented))
-        reader = ImageReader(images, EVAL_CHUNK, input_name(path), desc=f"Layer errors ({name})")
-        return collect_activations(str(augmented), reader)
+def augmented_session(path: Path, augmented: Path, op_types: list[str] | None) -> ort.InferenceSession:
+    """A session of the model with its intermediate tensors as extra outputs (ORT's
+    ``modify_model_output_intermediate_tensors``: those around ``op_types`` nodes, or all), run as ORT's
+    ``collect_activations`` runs it: CPU, no graph optimisation."""
+    modify_model_output_intermediate_tensors(str(path), str(augmented), op_types_for_saving=op_types)
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    return ort.InferenceSession(str(augmented), options, providers=["CPUExecutionProvider"])
 
 
-_float_cache: dict[tuple, dict[str, list[np.ndarray]]] = {}
-
-
-def float_activations(path: Path, images: np.ndarray) -> dict[str, list[np.ndarray]]:
-    """:func:`intermediate_tensors` of the FP32 model, kept for the process's next run: the runs of a sweep
-    compare against the same FP32 model on the same images (keyed by the file's and the images' contents)."""
-    key = (hashlib.sha1(path.read_bytes()).hexdigest(), hashlib.sha1(images.tobytes()).hexdigest())
-    if key not in _float_cache:
-        _float_cache.clear()  # one FP32 model's tensors at a time
-        _float_cache[key] = intermediate_tensors(path, images, "float")
-    return _float_cache[key]
+def tensors(session: ort.InferenceSession, feed: dict[str, np.ndarray]) -> dict[str, list[np.ndarray]]:
+    """One batch's intermediate tensors, keyed as ``collect_activations`` keys them (one-batch lists)."""
+    names = [output.name for output in session.get_outputs()]
+    return {
+        name.removesuffix(_TENSOR_SAVE_POSTFIX): [value]
+        for name, value in zip(names, session.run(None, feed), strict=True)
+        if name.endswith(_TENSOR_SAVE_POSTFIX)
+    }

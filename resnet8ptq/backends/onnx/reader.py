@@ -1,4 +1,4 @@
-"""Images fed to ONNX Runtime's tools (calibrators, qdq_loss_debug) through its ``CalibrationDataReader``."""
+"""Images fed to ONNX Runtime's calibrators through its ``CalibrationDataReader``."""
 
 from __future__ import annotations
 
