@@ -1,9 +1,12 @@
 """How much the tool costs over the work it does: the headline sweep and the 18-run ORT sweep through `run.py`
 against bench/bare_sweep.py doing the same quantize + evaluate work, as ratios, from one invocation.
 
-Usage: RESNET8PTQ_ASSETS=../shared python bench/overhead.py
+Usage: RESNET8PTQ_ASSETS=../shared python bench/overhead.py [--repeat N]
 Every command runs in its own process (imports included), the tool in a new directory (a new MLflow store),
-with the canonical model converted and the torch programs compiled once before (warm caches). Printed:
+with the canonical model converted and the torch programs compiled once before (warm caches). The headline
+sweep's three commands run N times (default 3), interleaved, since the same command's time moves by 10-20%
+from one run to the next on a shared 2-core VM: the ratios are of the medians, with the spread of the ratios
+of each round. Printed:
 - tool / bare wall-clock, for the headline sweep and the 18-run ORT sweep (target <= 1.2);
 - the warm headline sweep (`rerun=true`, store and model there) / the bare script's quantize + evaluate
   seconds (target <= 1.3);
@@ -12,8 +15,10 @@ with the canonical model converted and the torch programs compiled once before (
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -54,32 +59,45 @@ def throughput(output: str, pattern: str) -> list[float]:
     return [float(m) for m in re.findall(pattern + r".*?, ([\d.]+) img/s", output)]
 
 
-def main() -> None:
+def main(repeat: int) -> None:
     warm_up = tempfile.mkdtemp(prefix="bench-")
     # Converts and caches the model, and fills inductor's compile cache for the torch programs of the headline
     # sweep: every measured command then starts from the same warm caches (else the first one pays for them).
     tool(Path(warm_up), *HEADLINE, "report.enabled=false")
-    rows = []
-    with tempfile.TemporaryDirectory(prefix="bench-") as headline, tempfile.TemporaryDirectory() as grid:
-        headline_tool = tool(Path(headline), *HEADLINE)
-        headline_warm = tool(Path(headline), *HEADLINE, "rerun=true")
-        headline_bare, headline_work, bare_output = bare(*HEADLINE)
+    cold, warm, walls, works, fp32, simulated = [], [], [], [], [], []
+    for _ in range(repeat):
+        with tempfile.TemporaryDirectory(prefix="bench-") as headline:
+            cold.append(tool(Path(headline), *HEADLINE))
+            warm.append(tool(Path(headline), *HEADLINE, "rerun=true"))
+        wall, work, output = bare(*HEADLINE)
+        walls.append(wall)
+        works.append(work)
+        fp32 += throughput(output, r"torch fp32: [\d.]+")
+        simulated.append(throughput(output, r"torch-(?:int8|uint8)-[\w-]+: accuracy [\d.]+, simulated"))
+    with tempfile.TemporaryDirectory(prefix="bench-") as grid:
         grid_tool = tool(Path(grid), *ORT_GRID)
-        grid_bare, _, _ = bare(*ORT_GRID)
-    fp32 = throughput(bare_output, r"torch fp32: [\d.]+")
-    simulated = throughput(bare_output, r"torch-(?:int8|uint8)-[\w-]+: accuracy [\d.]+, simulated")
+    grid_bare, _, _ = bare(*ORT_GRID)
     rows = [
-        ("headline sweep: tool / bare script (wall)", headline_tool, headline_bare, 1.2),
-        ("18-run ORT sweep: tool / bare script (wall)", grid_tool, grid_bare, 1.2),
-        ("warm headline sweep (rerun=true) / bare quantize + evaluate", headline_warm, headline_work, 1.3),
+        ("headline sweep: tool / bare script (wall)", cold, walls, 1.2),
+        ("18-run ORT sweep: tool / bare script (wall)", [grid_tool], [grid_bare], 1.2),
+        ("warm headline sweep (rerun=true) / bare quantize + evaluate", warm, works, 1.3),
     ]
-    print(f"CPU: {cpu()}")
-    print(f"{'what':<62} {'tool s':>8} {'bare s':>8} {'ratio':>6}  target")
+    print(f"CPU: {cpu()}; headline rounds: {repeat}, ORT sweep: 1")
+    print(f"{'what':<62} {'tool s':>8} {'bare s':>8} {'ratio':>6}  {'rounds':>11}  target")
     for what, mine, theirs, target in rows:
-        print(f"{what:<62} {mine:8.1f} {theirs:8.1f} {mine / theirs:6.2f}  <= {target}")
-    for value in simulated:
-        ratio = f"{value:.0f} / {fp32[0]:.0f} img/s = {value / fp32[0]:.2f}"
-        print(f"torch simulated / FP32 eager throughput: {ratio} (>= 1)")
+        ratio = statistics.median(mine) / statistics.median(theirs)
+        rounds = [m / t for m, t in zip(mine, theirs, strict=True)]
+        spread = f"{min(rounds):.2f}-{max(rounds):.2f}"
+        print(
+            f"{what:<62} {statistics.median(mine):8.1f} {statistics.median(theirs):8.1f} {ratio:6.2f}  "
+            f"{spread:>11}  <= {target}"
+        )
+    for index, dtype in enumerate(("int8/int8", "uint8/uint8")):
+        values = [round_[index] / eager for round_, eager in zip(simulated, fp32, strict=True)]
+        print(
+            f"torch simulated {dtype} / FP32 eager throughput: median {statistics.median(values):.2f} "
+            f"(rounds {min(values):.2f}-{max(values):.2f}; >= 1)"
+        )
 
 
 def cpu() -> str:
@@ -91,4 +109,6 @@ def cpu() -> str:
 
 if __name__ == "__main__":
     os.environ.setdefault("RESNET8PTQ_ASSETS", str(REPO.parent / "shared"))
-    main()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=3, help="rounds of the headline sweep's commands")
+    main(parser.parse_args().repeat)
