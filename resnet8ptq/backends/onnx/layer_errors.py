@@ -83,9 +83,7 @@ def measure(float_path: Path, qdq_path: Path, images: np.ndarray) -> list[LayerE
     sums: dict[str, tuple[float, float]] = {}
     with tempfile.TemporaryDirectory(prefix="resnet8ptq-layer-errors-") as tmp:
         float_model = augmented_session(float_path, Path(tmp) / "float.onnx", None)
-        qdq_model = augmented_session(
-            qdq_path, Path(tmp) / "qdq.onnx", ["QuantizeLinear", "DequantizeLinear"]
-        )
+        qdq_model = augmented_session(qdq_path, Path(tmp) / "qdq.onnx", QDQ_OPS)
     feed_name = input_name(float_path)
     progress = tqdm(total=-(-len(images) // STREAM_BATCH), desc="Layer errors", unit="batch", leave=False)
     with progress:
