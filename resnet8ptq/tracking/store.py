@@ -48,7 +48,7 @@ def configure(mlflow_cfg: DictConfig, cache_dir: Path | None = None) -> str:
     try:
         with store_lock(uri):
             database = sqlite_path(uri)
-            seeded = cache_dir is not None and database is not None and seed_sqlite_store(database, cache_dir)
+            seeded = cache_dir is not None and database is not None and seed(database, cache_dir)
             experiment = mlflow.set_experiment(mlflow_cfg.experiment)
             if seeded:
                 relocate_default_experiment(database, experiment)
@@ -57,6 +57,8 @@ def configure(mlflow_cfg: DictConfig, cache_dir: Path | None = None) -> str:
                     experiment.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND
                 )
             return experiment.experiment_id
+    except TrackingError:
+        raise
     except Exception as err:  # MLflow raises several types for unusable stores
         raise TrackingError(f"Cannot use MLflow tracking store {uri}: {err}") from err
 
@@ -75,6 +77,17 @@ def sqlite_path(uri: str) -> Path | None:
     if not uri.startswith("sqlite:///"):
         return None
     return Path(uri.removeprefix("sqlite:///").split("?")[0]).resolve()
+
+
+def seed(database: Path, cache_dir: Path) -> bool:
+    """:func:`seed_sqlite_store`, with a failure to write ``cache_dir`` or the store said as such."""
+    try:
+        return seed_sqlite_store(database, cache_dir)
+    except OSError as err:
+        raise TrackingError(
+            f"Cannot create the MLflow store {database} from the empty store kept in the cache directory "
+            f"{cache_dir}: {err}. Point cache_dir (RESNET8PTQ_CACHE) and the store at writable places."
+        ) from err
 
 
 def seed_sqlite_store(database: Path, cache_dir: Path) -> bool:

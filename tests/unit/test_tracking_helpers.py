@@ -119,3 +119,18 @@ def test_new_sqlite_store_is_what_mlflow_creates(tmp_path, monkeypatch) -> None:
     configure(settings, tmp_path / "cache")  # exists: neither copied over nor changed
     assert [e[1] for e in _store(tmp_path / "seeded" / "mlflow.db")[1]] == ["Default", "resnet8ptq", "second"]
     assert template.stat().st_mtime_ns == before
+
+
+def test_unwritable_cache_dir_is_named_and_leaves_no_store(tmp_path, monkeypatch) -> None:
+    from omegaconf import OmegaConf
+
+    from resnet8ptq.tracking.store import TrackingError, configure
+
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    settings = OmegaConf.create({"tracking_uri": None, "experiment": "resnet8ptq"})
+    with pytest.raises(TrackingError, match=r"cache directory .*not-a-directory.*RESNET8PTQ_CACHE"):
+        configure(settings, blocker / "cache")
+    assert not (tmp_path / "mlflow.db").exists()
