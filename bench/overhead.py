@@ -72,6 +72,11 @@ def main(repeat: int) -> None:
         wall, work, output = bare(*HEADLINE)
         walls.append(wall)
         works.append(work)
+        print(
+            f"round {len(walls)}: headline tool {cold[-1]:.1f} s, warm {warm[-1]:.1f} s; bare {wall:.1f} s "
+            f"(quantize + evaluate {work:.1f} s)",
+            flush=True,
+        )
         fp32 += throughput(output, r"torch fp32: [\d.]+")
         simulated.append(throughput(output, r"torch-(?:int8|uint8)-[\w-]+: accuracy [\d.]+, simulated"))
     with tempfile.TemporaryDirectory(prefix="bench-") as grid:

@@ -1,8 +1,10 @@
 """Is a difference in accuracy real? Confidence intervals of an accuracy and paired tests between two models
 evaluated on the same test images.
 
-scipy does the distributions (its binomial test and Wilson interval); what it lacks is the exact McNemar
-test (a binomial test on the discordant pairs) and Holm's correction for many comparisons, both a few lines.
+scipy's special functions do the distributions: the normal quantile of the Wilson interval (``ndtri``) and the
+binomial CDF of the exact McNemar test (``bdtr``). Those give the same figures as ``scipy.stats.binomtest``
+(its Wilson interval and its two-sided test at p = 0.5; unit-tested against it), whose import takes about
+1 s, once in every run's process, against 0.1 s for ``scipy.special``. Holm's correction is a few lines.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.stats import binomtest
+from scipy.special import bdtr, ndtri
 
 CONFIDENCE = 0.95  # of every interval the runs log and the report shows
 ALPHA = 0.05  # significance level of the paired tests (after Holm's correction)
@@ -22,8 +24,14 @@ def accuracy_interval(correct: int, total: int, confidence: float = CONFIDENCE) 
         raise ValueError(f"an accuracy interval needs at least one image, got total={total}")
     if not 0 <= correct <= total:
         raise ValueError(f"correct={correct} is not between 0 and total={total}")
-    interval = binomtest(int(correct), int(total)).proportion_ci(confidence_level=confidence, method="wilson")
-    return float(interval.low), float(interval.high)
+    z = float(ndtri(0.5 + confidence / 2))
+    p, n = correct / total, total
+    scale = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / scale
+    half = z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / scale
+    low = 0.0 if correct == 0 else max(float(centre - half), 0.0)  # exactly 0 / 1 at the ends, not 1e-18
+    high = 1.0 if correct == total else min(float(centre + half), 1.0)
+    return low, high
 
 
 @dataclass(frozen=True)
@@ -48,7 +56,8 @@ def mcnemar(a_correct: np.ndarray, b_correct: np.ndarray) -> PairedTest:
     only_a = int((a_correct & ~b_correct).sum())
     only_b = int((b_correct & ~a_correct).sum())
     discordant = only_a + only_b
-    p_value = 1.0 if discordant == 0 else float(binomtest(only_a, discordant, 0.5).pvalue)
+    # Two-sided at p = 0.5 (a symmetric distribution): twice the tail beyond the smaller count.
+    p_value = 1.0 if discordant == 0 else 2 * float(bdtr(min(only_a, only_b), discordant, 0.5))
     return PairedTest(only_a, only_b, min(p_value, 1.0))
 
 

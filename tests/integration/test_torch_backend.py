@@ -20,7 +20,7 @@ pytest.importorskip("onnx2torch")
 from resnet8ptq import hardware
 from resnet8ptq.backends.base import QuantizedModel, QuantSpec
 from resnet8ptq.backends.torch.backend import TorchBackend
-from resnet8ptq.backends.torch.convert import load_program
+from resnet8ptq.backends.torch.convert import load_program, load_quantized
 from resnet8ptq.backends.torch.program import qdq_counts, quantized_weights
 from resnet8ptq.calibration import CalibConfig, batches
 from resnet8ptq.data import Cifar10, calibration_set, to_model_input
@@ -159,6 +159,40 @@ def test_reference_is_the_saved_program_and_runtime_what_ran(pair, quantized, te
         assert "compiled by inductor into float kernels" in q.runtime.kernels
         assert q.metrics["compile_seconds"] > 0
         np.testing.assert_array_equal(q.runtime.predict(images).argmax(1), saved.argmax(1))
+
+
+@pytest.mark.parametrize("pair", list(PAIRS))
+def test_compiled_runtime_takes_any_single_image_without_compiling_again(pair, quantized, test_set):
+    """Latency feeds ``image[None]`` (stride 0 on the batch axis in numpy); dynamo guards on strides, and a
+    recompile took seconds per run. The compiled runtime feeds its two compiled shapes in fresh tensors."""
+    from torch._dynamo.utils import counters
+
+    runtime = quantized[pair].runtime.predict
+    images = test_set[0]
+    # Both shapes once (the other pairs' compiles since reset dynamo's cache), then none may compile.
+    runtime(images[:1]), runtime(images[:500])
+    frames = counters["frames"]["total"]
+    single = images[3][None]
+    assert single.strides[0] == 0  # what numpy gives the latency loop
+    np.testing.assert_array_equal(runtime(single), runtime(images[3:4]))
+    runtime(images[:7])  # a partial batch: zero-padded to the compiled batch
+    assert counters["frames"]["total"] == frames, "the compiled runtime was compiled again"
+
+
+def test_programs_are_saved_whole_by_concurrent_processes(backend, fp32, onnx_path, tmp_path):
+    """Two processes of a parallel sweep save the FP32 program to the same cache file: each writes a file
+    of its own and moves it into place, so a reader never sees half a file and nothing partial is left."""
+    script = (
+        "import sys; from pathlib import Path; from resnet8ptq.backends.torch.backend import TorchBackend; "
+        "TorchBackend().load_fp32(Path(sys.argv[1]), Path(sys.argv[2]))"
+    )
+    writers = [
+        subprocess.Popen([sys.executable, "-c", script, str(onnx_path), str(tmp_path)]) for _ in range(2)
+    ]
+    assert [writer.wait(timeout=600) for writer in writers] == [0, 0]
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["model_fp32.pt2"]
+    images = np.zeros((3, 32, 32, 3), np.float32)
+    np.testing.assert_array_equal(load_quantized(tmp_path / "model_fp32.pt2")(images), fp32.predict(images))
 
 
 def test_native_kernels_against_the_reference(quantized, accuracies, test_set):

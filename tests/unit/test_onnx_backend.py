@@ -10,7 +10,12 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 from resnet8ptq.backends.onnx.backend import kernel_summary
-from resnet8ptq.backends.onnx.layer_errors import augmented_session, dequantized_weights, tensors
+from resnet8ptq.backends.onnx.layer_errors import (
+    augmented_session,
+    dequantized_weights,
+    saved_outputs,
+    tensors,
+)
 
 
 def _graph_of(*op_types: str) -> onnx.ModelProto:
@@ -83,13 +88,17 @@ def _scaled_model(factor: float) -> onnx.ModelProto:
 
 def test_augmented_session_gives_each_intermediate_tensor_of_a_batch(tmp_path) -> None:
     """The layer analysis reads a batch's tensors by their names in the model (flattened, as ORT's
-    qdq_loss_debug saves them); with op types given, only the tensors around those nodes."""
+    qdq_loss_debug saves them); with op types given, only the tensors around those nodes; fetched by name,
+    only the tensors asked for."""
     path = tmp_path / "scaled.onnx"
     onnx.save(_scaled_model(-2.0), path)
     images = np.arange(2 * 2 * 2 * 3, dtype=np.float32).reshape(2, 2, 2, 3) - 10
-    every = tensors(augmented_session(path, tmp_path / "every.onnx", None), {"input": images})
+    session = augmented_session(path, tmp_path / "every.onnx", None)
+    assert sorted(saved_outputs(session)) == ["input", "out", "scaled"]
+    every = tensors(session, {"input": images}, saved_outputs(session))
     assert every.keys() == {"input", "scaled", "out"}
     np.testing.assert_allclose(every["scaled"][0], (images * -2).ravel())
     np.testing.assert_allclose(every["out"][0], np.maximum(images * -2, 0).ravel())
-    relu_only = tensors(augmented_session(path, tmp_path / "relu.onnx", ["Relu"]), {"input": images})
-    assert relu_only.keys() == {"scaled", "out"}
+    assert tensors(session, {"input": images}, ["out"]).keys() == {"out"}
+    relu_only = augmented_session(path, tmp_path / "relu.onnx", ["Relu"])
+    assert sorted(saved_outputs(relu_only)) == ["out", "scaled"]

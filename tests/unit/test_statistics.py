@@ -61,3 +61,17 @@ def test_holm_adjustment() -> None:
     assert holm([0.5, 0.9]) == pytest.approx([1.0, 1.0])  # capped at 1
     assert holm([]).size == 0
     assert significant(0.049) and not significant(0.05) and not significant(float("nan"))
+
+
+def test_interval_and_paired_test_agree_with_scipy_binomtest() -> None:
+    """The special-function forms give what scipy.stats.binomtest gives (Wilson interval; two-sided p)."""
+    from scipy.stats import binomtest
+
+    for correct, total in [(8719, 10_000), (0, 200), (200, 200), (7, 9), (1, 1), (4321, 5000)]:
+        expected = binomtest(correct, total).proportion_ci(confidence_level=0.95, method="wilson")
+        assert accuracy_interval(correct, total) == pytest.approx((expected.low, expected.high), abs=1e-12)
+    for only_a in range(0, 40, 3):
+        for only_b in range(0, 40, 5):
+            if only_a + only_b:
+                expected = binomtest(only_a, only_a + only_b, 0.5).pvalue
+                assert mcnemar(*paired(only_a, only_b)).p_value == pytest.approx(expected, rel=1e-9)

@@ -67,14 +67,17 @@ def compile_simulated(folded: fx.GraphModule, input_shape: tuple[int, ...]) -> t
 
 def _padded_predictor(compiled: Any, input_shape: tuple[int, ...]) -> Predictor:
     """Feed the compiled model single images or fixed PREDICT_BATCH batches (zero-padded), the two shapes
-    it was compiled for, so it never recompiles."""
+    it was compiled for, always in fresh contiguous tensors, so it never recompiles (dynamo also guards on
+    strides: numpy's ``image[None]`` has stride 0 on its batch axis, which cost a second compile)."""
 
     def predict(images: np.ndarray) -> np.ndarray:
         images = np.asarray(images, dtype=np.float32)
         outputs = []
         with freezing(), torch.inference_mode():
             if len(images) == 1:
-                return compiled(torch.from_numpy(images)).numpy()
+                single = torch.zeros((1, *input_shape))
+                single[0] = torch.from_numpy(images[0])
+                return compiled(single).numpy()
             for start in range(0, len(images), PREDICT_BATCH):
                 chunk = images[start : start + PREDICT_BATCH]
                 batch = torch.zeros((PREDICT_BATCH, *input_shape))
