@@ -9,6 +9,10 @@
 - ``freezing``: inductor's int8 lowering needs ``freezing`` while the model is traced and compiled. The public
   ``torch.compile(options={"freezing": True})`` fails on this model (measured with torch 2.14.1:
   ``UnsupportedOperatorException: onednn.qconv_prepack.default``); the config patch around the calls works.
+- ``post_grad_pass``: a graph rewrite that must run after freezing's passes (which fold constant multiplies
+  into the preceding convolution's weights) is registered through inductor's custom-pass hook
+  (``post_grad_custom_post_pass`` and its ``CustomGraphPass`` interface, which keys the compile cache); both
+  live in private modules.
 
 A torch/torchao upgrade that moves either fails here, with this module named in the traceback.
 """
@@ -16,10 +20,14 @@ A torch/torchao upgrade that moves either fails here, with this module named in 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+from torch import fx
 from torch._dynamo.utils import counters
 from torch._inductor import config as inductor_config
+from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
 from torchao.quantization.pt2e.quantizer.x86_inductor_quantizer import (
     QUANT_ANNOTATION_KEY,
     _X86InductorQuantizationAnnotation,
@@ -30,6 +38,7 @@ __all__ = [
     "clear_inductor_counters",
     "freezing",
     "inductor_int8_prepacks",
+    "post_grad_pass",
     "x86_annotation",
 ]
 
@@ -37,6 +46,25 @@ __all__ = [
 def freezing() -> contextlib.AbstractContextManager:
     """Inductor's ``freezing`` switched on for the calls (and compiles) inside the block."""
     return inductor_config.patch(freezing=True)
+
+
+class _PostGradPass(CustomGraphPass):
+    """``rewrite`` as an inductor post-grad pass; compiled graphs are cached under the hash of its source."""
+
+    def __init__(self, rewrite: Callable[[fx.Graph], Any], source: Path) -> None:
+        self.rewrite, self.source = rewrite, source
+
+    def __call__(self, graph: fx.Graph) -> None:
+        self.rewrite(graph)
+
+    def uuid(self) -> bytes:
+        return get_hash_for_files((str(self.source),))
+
+
+def post_grad_pass(rewrite: Callable[[fx.Graph], Any], source: Path) -> contextlib.AbstractContextManager:
+    """Inductor runs ``rewrite`` (defined in the file ``source``) on every graph compiled inside the block,
+    after its own post-grad passes and before lowering."""
+    return inductor_config.patch(post_grad_custom_post_pass=_PostGradPass(rewrite, source))
 
 
 def x86_annotation(input_qspec_map: dict[Any, Any]) -> Any:
