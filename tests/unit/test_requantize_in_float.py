@@ -29,7 +29,7 @@ class _Requantize(torch.nn.Module):
 
 
 def _inputs(scale: float, zero_point: int, qmin: int, qmax: int) -> torch.Tensor:
-    """Values on the grid, exactly halfway between grid points (ties), near them, and far outside the range."""
+    """Values on the grid, halfway between grid points (ties), near them, and far outside the range."""
     steps = torch.arange(qmin - zero_point - 3, qmax - zero_point + 4, dtype=torch.float32)
     near = torch.cat([steps, steps + 0.5, steps + 0.4999, steps - 0.5, steps + 0.5001]) * scale
     return torch.cat([near, torch.randn(10_000) * scale * (qmax - qmin), torch.tensor([0.0, -0.0])])
