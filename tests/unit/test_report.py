@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import logging
 import math
 from dataclasses import dataclass
@@ -459,3 +460,18 @@ def test_algorithm_table(tmp_path: Path) -> None:
     assert "| configuration | none | adaround | cle |" in text
     assert "| onnx int8 a8w4 minmax per-tensor | 20.1 | 81.7 | 35.9 |" in text
     assert widths.algorithm_section(pd.DataFrame(rows[:1])) == []
+
+
+def test_html_embeds_each_figure_where_the_markdown_shows_it(tmp_path: Path) -> None:
+    """Each referenced figure becomes its own data URI in its <img>; a file name in the text stays text."""
+    from resnet8ptq.report.render import to_html
+
+    figures = {"report_a.png": b"\x89PNG first", "report_b.png": b"\x89PNG second"}
+    for name, data in figures.items():
+        (tmp_path / name).write_bytes(data)
+    markdown = "# T\n\nsee report_a.png below\n\n![accuracy](report_a.png)\n\n![size](report_b.png)\n"
+    page = to_html(markdown, "T", [tmp_path / name for name in figures])
+    for name, data in figures.items():
+        assert f'src="data:image/png;base64,{base64.b64encode(data).decode()}" alt="' in page
+        assert f'src="{name}"' not in page
+    assert "see report_a.png below" in page
