@@ -12,8 +12,9 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
+
+from overhead import tool  # bench/ is on sys.path when this script runs
 
 REPO = Path(__file__).resolve().parents[1]
 HEADLINE = ["backend=onnx,torch", "dtype=int8,uint8"]
@@ -36,16 +37,9 @@ print(f"{seconds:.2f} {','.join(heavy) or 'none'}")
 
 
 def sweep_seconds(overrides: list[str]) -> float:
+    """Wall-clock seconds of a sweep in a new directory (a failed one stops the benchmark, printing why)."""
     with tempfile.TemporaryDirectory() as tmp:
-        start = time.perf_counter()
-        subprocess.run(
-            [sys.executable, str(REPO / "run.py"), "-m", *overrides],
-            cwd=tmp,
-            check=True,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        return time.perf_counter() - start
+        return tool(Path(tmp), *overrides)
 
 
 def main() -> None:
