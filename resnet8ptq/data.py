@@ -85,7 +85,7 @@ class _Layout:
     name: str
     dirname: str
     suffix: str
-    reader: Callable[[Path], tuple[np.ndarray, np.ndarray]]
+    reader: Callable[[list[Path]], tuple[np.ndarray, np.ndarray]]
 
     def files(self) -> tuple[str, ...]:
         return tuple(stem + self.suffix for stem in (*_TRAIN_STEMS, _TEST_STEM))
@@ -97,16 +97,42 @@ class _Layout:
         return PYTHON_MD5, PYTHON_SIZES
 
 
-def _read_binary(path: Path) -> tuple[np.ndarray, np.ndarray]:
-    raw = np.fromfile(path, dtype=np.uint8)
-    if raw.size == 0 or raw.size % _RECORD_BYTES:
-        raise DataError(f"{path}: {raw.size} bytes is not a whole number of {_RECORD_BYTES}-byte records")
-    records = raw.reshape(-1, _RECORD_BYTES)
-    images = records[:, 1:].reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)
-    return np.ascontiguousarray(images), records[:, 0].astype(np.int64)
+def _read_binary(paths: list[Path]) -> tuple[np.ndarray, np.ndarray]:
+    """Images (NHWC) and labels of binary-layout files, as one array: each file is read into one reused
+    buffer and its pixels are laid out straight into their rows of the result. Reading each file and joining
+    the parts wrote the 150 MB training split three times over, and on a VM the fresh memory pages of each
+    copy cost more than the copy (0.55 s against 0.2 s for the five training files here)."""
+    sizes = [path.stat().st_size for path in paths]
+    for path, size in zip(paths, sizes, strict=True):
+        if size == 0 or size % _RECORD_BYTES:
+            raise DataError(f"{path}: {size} bytes is not a whole number of {_RECORD_BYTES}-byte records")
+    counts = [size // _RECORD_BYTES for size in sizes]
+    images = np.empty((sum(counts), *_IMAGE_SHAPE), dtype=np.uint8)
+    labels = np.empty(sum(counts), dtype=np.int64)
+    buffer = np.empty(max(sizes), dtype=np.uint8)
+    start = 0
+    for path, size, count in zip(paths, sizes, counts, strict=True):
+        with path.open("rb") as f:
+            read = f.readinto(memoryview(buffer)[:size])
+        if read != size:
+            raise DataError(f"{path}: read {read} of {size} bytes (changed while reading?)")
+        records = buffer[:size].reshape(count, _RECORD_BYTES)
+        planes = records[:, 1:].reshape(count, 3, 32 * 32)  # R, G, B planes of each image
+        pixels = images[start : start + count].reshape(count, 32 * 32, 3)
+        for channel in range(3):  # plane by plane: 4x faster than one 4-D transposing copy
+            pixels[:, :, channel] = planes[:, channel]
+        labels[start : start + count] = records[:, 0]
+        start += count
+    return images, labels
 
 
-def _read_python(path: Path) -> tuple[np.ndarray, np.ndarray]:
+def _read_python(paths: list[Path]) -> tuple[np.ndarray, np.ndarray]:
+    """Images (NHWC) and labels of python-layout (pickle) files, as one array."""
+    parts = [_read_pickle(path) for path in paths]
+    return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+
+
+def _read_pickle(path: Path) -> tuple[np.ndarray, np.ndarray]:
     with path.open("rb") as f:
         batch = pickle.load(f, encoding="bytes")  # only ever called on an MD5-verified file
     try:
@@ -177,9 +203,7 @@ def _check_meta(batches: Path) -> None:
 
 
 def _read_split(layout: _Layout, batches: Path, stems: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
-    parts = [layout.reader(batches / (stem + layout.suffix)) for stem in stems]
-    images = np.concatenate([p[0] for p in parts])
-    labels = np.concatenate([p[1] for p in parts])
+    images, labels = layout.reader([batches / (stem + layout.suffix) for stem in stems])
     if labels.size and (labels.min() < 0 or labels.max() >= len(CLASS_NAMES)):
         raise DataError(f"{batches}: labels outside 0..{len(CLASS_NAMES) - 1} in {', '.join(stems)}")
     images.setflags(write=False)
