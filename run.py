@@ -24,21 +24,19 @@ def _leave_without_teardown() -> None:
 # runs after all of them. Hence the imports below this line.
 atexit.register(_leave_without_teardown)
 
-import logging  # noqa: E402
+if __name__ == "__main__":  # not when a worker process (charts, launchers) imports this file as __mp_main__
+    import logging
 
-import hydra  # noqa: E402
-from omegaconf import DictConfig  # noqa: E402
+    import hydra
+    from omegaconf import DictConfig
 
-import resnet8ptq.config  # noqa: E402, F401  (registers the typed schema `base_config` and the group schemas)
-from resnet8ptq.app import task  # noqa: E402
+    import resnet8ptq.config  # noqa: F401  (registers the typed schema `base_config` and the group schemas)
+    from resnet8ptq.app import task
 
+    @hydra.main(config_path="conf", config_name="config", version_base="1.3")
+    def main(cfg: DictConfig) -> float:
+        return task(cfg)
 
-@hydra.main(config_path="conf", config_name="config", version_base="1.3")
-def main(cfg: DictConfig) -> float:
-    return task(cfg)
-
-
-if __name__ == "__main__":
     # A log record that cannot be written (e.g. the job's log file on a full disk) is dropped instead of
     # printing a traceback beside the run's own one-line error (Python's advice for production use).
     logging.raiseExceptions = False

@@ -28,7 +28,7 @@ PARALLEL = ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2"]
 IMPORT_PROBE = """
 import sys, time
 start = time.perf_counter()
-import run  # the entry point module: Hydra, the config schema
+import hydra, resnet8ptq.config, resnet8ptq.app  # what run.py imports: Hydra, the config schema, the app
 import resnet8ptq.pipeline, resnet8ptq.backends.onnx  # what an ONNX run imports
 seconds = time.perf_counter() - start
 heavy = [name for name in ("tensorflow", "torch", "tf2onnx", "keras") if name in sys.modules]

@@ -1,5 +1,6 @@
 """The files each run logs as artifacts: evaluation tables and charts, per-layer SQNR, calibration ranges,
-the resolved config. Each function writes into a directory and returns (artifact directory, file) pairs."""
+the resolved config. Each function writes into a directory and returns (artifact directory, file) pairs; a
+chart's file is being drawn in the drawing process (:mod:`resnet8ptq.drawing`) when the function returns."""
 
 from __future__ import annotations
 
@@ -11,14 +12,15 @@ from omegaconf import DictConfig, OmegaConf
 
 from resnet8ptq.backends.base import LayerError, LayerPrecision, TensorRange
 from resnet8ptq.data import CLASS_NAMES
+from resnet8ptq.drawing import Drawing, draw
 from resnet8ptq.evaluate import Evaluation
 from resnet8ptq.plots import class_accuracy_png, confusion_matrix_png, layer_sqnr_png
 
 EVALUATION_DIR = "evaluation"
 PREDICTIONS_FILE = "predictions.csv"  # image (test-set index), label, predicted: for paired tests
 
-Artifact = tuple[str, Path]
-"""(artifact directory in the run, local file)."""
+Artifact = tuple[str, Path | Drawing]
+"""(artifact directory in the run, local file or the chart being drawn into it)."""
 
 
 def evaluation_files(
@@ -47,7 +49,8 @@ def evaluation_files(
         (EVALUATION_DIR, confusion_csv),
         (
             EVALUATION_DIR,
-            confusion_matrix_png(
+            draw(
+                confusion_matrix_png,
                 evaluation.confusion,
                 CLASS_NAMES,
                 out_dir / "confusion_matrix.png",
@@ -57,7 +60,8 @@ def evaluation_files(
         (EVALUATION_DIR, class_csv),
         (
             EVALUATION_DIR,
-            class_accuracy_png(
+            draw(
+                class_accuracy_png,
                 evaluation.class_accuracy,
                 CLASS_NAMES,
                 out_dir / "class_accuracy.png",
@@ -73,7 +77,8 @@ def layer_error_files(layer_errors: list[LayerError], out_dir: Path, title: str)
     table = pd.DataFrame([vars(e) for e in layer_errors]).sort_values("sqnr_db")
     csv = out_dir / "layer_sqnr.csv"
     table.to_csv(csv, index=False)
-    png = layer_sqnr_png(
+    png = draw(
+        layer_sqnr_png,
         table["layer"].tolist(),
         table["kind"].tolist(),
         table["sqnr_db"].to_numpy(),

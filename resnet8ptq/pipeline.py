@@ -17,8 +17,9 @@ from hydra.utils import instantiate
 from mlflow.data.numpy_dataset import NumpyDataset
 from omegaconf import DictConfig, OmegaConf
 
-from resnet8ptq import hardware, records
+from resnet8ptq import drawing, hardware, records
 from resnet8ptq.algorithms import AlgoConfig, prepare
+from resnet8ptq.artifacts import evaluation_files
 from resnet8ptq.backends.base import KERAS_SOURCE, Backend, QuantizedModel, QuantSpec
 from resnet8ptq.config import ConfigError, quant_spec
 from resnet8ptq.data import BINARY_DIR, PYTHON_DIR, Cifar10, calibration_set, load_cifar10, to_model_input
@@ -41,6 +42,7 @@ LAYER_ERROR_IMAGES = 200  # calibration images used for the per-layer SQNR analy
 def run(cfg: DictConfig, output_dir: Path, extra_tags: Mapping[str, str] | None = None) -> str:
     """Quantize, evaluate and log one configuration (``extra_tags`` on its run); return the id of its run, or
     of the earlier FINISHED run of the same configuration that it resumes."""
+    drawing.start()  # the charts' process starts up while the run sets up
     spec = quant_spec(cfg)  # invalid settings fail here, before any work
     algo: AlgoConfig = OmegaConf.to_object(cfg.algo)  # validated by quant_spec
     experiment_id = configure(cfg.mlflow)
@@ -84,6 +86,7 @@ def run(cfg: DictConfig, output_dir: Path, extra_tags: Mapping[str, str] | None 
         #    backend, with its accuracy as the baseline; published quantized models beside it.
         canonical = fp32_model(cfg.model.path, cfg.model.sha256, Path(cfg.cache_dir))
         source = source_path(backend, canonical, canonical.onnx_path)
+        drawing.wait_started()  # its start-up over before anything is timed
         baseline = fp32_baseline(backend, source, Path(cfg.cache_dir), data)
         context = {
             "data.verified": f"md5 ({data.layout} layout)",
@@ -119,6 +122,10 @@ def run(cfg: DictConfig, output_dir: Path, extra_tags: Mapping[str, str] | None 
             result.verdict.execution,
             result.verdict.reason,
         )
+        # Its tables and charts (drawn in the drawing process while the run goes on).
+        evaluation = evaluation_files(
+            result.reference, output_dir / "evaluation", run_name, baseline.evaluation
+        )
         # The quantizer's own error: against the FP32 model it was given (after the algorithms).
         given = (
             baseline.model if not algo.steps else backend.load_fp32(prepared.onnx_path, output_dir / "algo")
@@ -134,6 +141,7 @@ def run(cfg: DictConfig, output_dir: Path, extra_tags: Mapping[str, str] | None 
             quantized,
             result,
             baseline,
+            evaluation,
             layer_errors,
             output_dir,
             model,

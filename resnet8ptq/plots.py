@@ -96,3 +96,12 @@ def _save(fig: plt.Figure, path: Path, **margins: float) -> Path:
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def warm_up() -> None:
+    """Load what the first chart would otherwise load while a run waits: the font cache and the fonts."""
+    fig, ax = plt.subplots(figsize=(1, 1))
+    ax.set_title("0")
+    ax.text(0, 0, "0", fontsize=7)
+    fig.canvas.draw()
+    plt.close(fig)

@@ -15,6 +15,7 @@ from omegaconf import DictConfig
 
 from resnet8ptq.algorithms import Prepared
 from resnet8ptq.artifacts import (
+    Artifact,
     config_file,
     evaluation_files,
     layer_error_files,
@@ -111,8 +112,8 @@ def log_baseline_once(
             }
             log_metrics(run_id, {**metrics, "fp32_size_bytes": metrics["model_size_bytes"]})
             files = evaluation_files(baseline.evaluation, output_dir / "fp32", name)
+            model.log(run_id, name)  # while the charts are drawn
             log_artifacts(run_id, [*files, ("model", baseline.model.path)])
-            model.log(run_id, name)
 
 
 def quantized_metrics(
@@ -157,6 +158,7 @@ def log_quantized(
     quantized: QuantizedModel,
     result: QuantizedResult,
     baseline: Baseline,
+    evaluation: list[Artifact],
     layer_errors: list[LayerError],
     output_dir: Path,
     model: ModelRecord,
@@ -164,9 +166,11 @@ def log_quantized(
     shared: Mapping[str, str],
     perf_subset: np.ndarray,
 ) -> None:
-    """Everything a quantized run records: metrics, effective dtypes, execution, layer errors, every layer's
-    precision (``shared``: which layer takes which one's quantization), the layers raised to 16 bits,
-    artifacts, the MLflow Model and the datasets; what the PTQ algorithms did and their seconds."""
+    """Everything a quantized run records: metrics, effective dtypes, execution, the ``evaluation``'s files
+    (:func:`~resnet8ptq.artifacts.evaluation_files`), layer errors, every layer's precision (``shared``:
+    which layer takes which one's quantization), the layers raised to 16 bits, artifacts, the MLflow Model
+    and the datasets; what the PTQ algorithms did and their seconds."""
+    layer_files = layer_error_files(layer_errors, output_dir, run_name)  # drawn while the run logs
     worst = min(layer_errors, key=lambda error: error.sqnr_db)
     raised = raised_in(quantized.layers, cfg.dtype.activation_bits)
     metrics = quantized_metrics(quantized, result, baseline, layer_errors, perf_subset)
@@ -180,18 +184,16 @@ def log_quantized(
             **prepared.tags,
         },
     )
-    log_artifacts(
-        run_id,
-        [
-            *evaluation_files(result.reference, output_dir / "evaluation", run_name, baseline.evaluation),
-            *layer_error_files(layer_errors, output_dir, run_name),
-            *layer_precision_file(quantized.layers, shared, output_dir),
-            ("model", quantized.path),
-            *ranges_file(quantized.ranges, output_dir),
-            *config_file(cfg, output_dir),
-        ],
-    )
-    model.log(run_id, run_name)
+    files = [
+        *evaluation,
+        *layer_files,
+        *layer_precision_file(quantized.layers, shared, output_dir),
+        ("model", quantized.path),
+        *ranges_file(quantized.ranges, output_dir),
+        *config_file(cfg, output_dir),
+    ]
+    model.log(run_id, run_name)  # while the charts are drawn
+    log_artifacts(run_id, files)
 
 
 def read_back_tags(quantized: QuantizedModel, result: QuantizedResult) -> dict[str, str]:
@@ -234,5 +236,5 @@ def log_published(
         set_tags(run_id, read_back_tags(published, result))
         evaluation_dir = output_dir / f"published-{name}"
         files = evaluation_files(result.reference, evaluation_dir, run_name, baseline.evaluation)
+        model.log(run_id, run_name)  # while the charts are drawn
         log_artifacts(run_id, [*files, ("model", published.path)])
-        model.log(run_id, run_name)

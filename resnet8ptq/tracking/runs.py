@@ -16,6 +16,7 @@ from typing import Any
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
+from resnet8ptq.drawing import Drawing
 from resnet8ptq.tracking.search import where
 from resnet8ptq.tracking.sweep import current_sweep_run, sweep_lock
 
@@ -75,11 +76,12 @@ def set_tags(run_id: str, tags: Mapping[str, str]) -> None:
     MlflowClient().log_batch(run_id, tags=[RunTag(key, str(value)) for key, value in tags.items()])
 
 
-def log_artifacts(run_id: str, files: Iterable[tuple[str, Path]]) -> None:
-    """Log each local file under its artifact directory (`""` for the root)."""
+def log_artifacts(run_id: str, files: Iterable[tuple[str, Path | Drawing]]) -> None:
+    """Log each local file under its artifact directory (`""` for the root), a chart once it is drawn."""
     client = MlflowClient()
     for artifact_dir, path in files:
-        client.log_artifact(run_id, str(path), artifact_dir or None)
+        local = path.path() if isinstance(path, Drawing) else path
+        client.log_artifact(run_id, str(local), artifact_dir or None)
 
 
 def find_sibling(experiment_id: str, **tags: str) -> str | None:

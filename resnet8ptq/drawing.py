@@ -1,0 +1,90 @@
+"""A process of its own that draws the runs' charts while the runs go on.
+
+A run's charts are pure functions of small arrays (a 10x10 confusion matrix, ten accuracies, a few dozen
+SQNRs), but matplotlib takes about 0.35 s of one core per run to lay out and rasterise their ~150 labels,
+while the run logs its model with the other core idle. So one worker process (``concurrent.futures``, spawned:
+the run's process has torch's and ORT's thread pools, which a fork would copy mid-flight) draws them: a run
+hands its charts over as soon as it has their data (:func:`draw`) and collects the files when it logs them
+(:meth:`Drawing.path`), never later, so that no chart is drawn while the next run's passes are timed. The
+worker starts with the sweep (:func:`start`), importing matplotlib while the sweep's process imports its own
+libraries, and a run waits for it to be up before it times anything (:func:`wait_started`).
+
+Should the worker die, a chart is drawn in the run's own process instead: the figures never depend on it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import multiprocessing
+from collections.abc import Callable
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+_worker: ProcessPoolExecutor | None = None
+_started: Future[None] | None = None
+
+
+@dataclass(frozen=True)
+class Drawing:
+    """A chart being drawn by the worker: ``chart(*args)``, which writes a PNG and returns its path."""
+
+    chart: Callable[..., Path]
+    args: tuple
+    future: Future[Path] | None
+
+    def path(self) -> Path:
+        """The chart's file, once drawn (in this process if the worker could not draw it)."""
+        if self.future is not None:
+            try:
+                return self.future.result()
+            except BrokenProcessPool:
+                log.warning("The chart-drawing process stopped; drawing %s here", self.chart.__name__)
+        return self.chart(*self.args)
+
+
+def start() -> None:
+    """Start the drawing process, if it is not running yet (it imports matplotlib and loads its fonts)."""
+    global _worker, _started
+    if _worker is not None:
+        return
+    _worker = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+    _started = _worker.submit(_warm_up)
+    atexit.register(stop)
+
+
+def wait_started() -> None:
+    """Return once the drawing process is up, so that its start-up is over before anything is timed."""
+    if _started is not None:
+        try:
+            _started.result()
+        except BrokenProcessPool:
+            log.warning("The chart-drawing process did not start; charts are drawn in this process")
+
+
+def draw(chart: Callable[..., Path], *args: object) -> Drawing:
+    """Have ``chart(*args)`` drawn by the drawing process (started if need be)."""
+    start()
+    try:
+        future = _worker.submit(chart, *args)
+    except BrokenProcessPool:
+        future = None
+    return Drawing(chart, args, future)
+
+
+def stop() -> None:
+    """Stop the drawing process (charts handed over are drawn first)."""
+    global _worker, _started
+    if _worker is not None:
+        _worker.shutdown(wait=True)
+    _worker = _started = None
+
+
+def _warm_up() -> None:
+    from resnet8ptq.plots import warm_up
+
+    warm_up()

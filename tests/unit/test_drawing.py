@@ -1,0 +1,52 @@
+"""The drawing process: it draws a run's charts to the files the run's own process would have drawn, reports
+a chart's error to the run, and when it is gone the run draws its charts itself."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from resnet8ptq import drawing
+from resnet8ptq.data import CLASS_NAMES
+from resnet8ptq.plots import confusion_matrix_png
+
+MATRIX = np.arange(100).reshape(10, 10)
+
+
+@pytest.fixture(autouse=True)
+def _own_process():
+    drawing.stop()
+    yield
+    drawing.stop()
+
+
+def _worker_pid() -> int:
+    drawing.start()
+    drawing.wait_started()
+    return drawing.draw(os.getpid).path()  # os.getpid, run in the worker: its pid
+
+
+def test_a_chart_is_drawn_in_the_worker_as_the_run_would_draw_it(tmp_path: Path) -> None:
+    assert _worker_pid() != os.getpid()
+    here = confusion_matrix_png(MATRIX, CLASS_NAMES, tmp_path / "here.png", "t")
+    there = drawing.draw(confusion_matrix_png, MATRIX, CLASS_NAMES, tmp_path / "there.png", "t").path()
+    assert there == tmp_path / "there.png"
+    assert there.read_bytes() == here.read_bytes()
+
+
+def test_a_chart_that_fails_fails_the_run(tmp_path: Path) -> None:
+    missing = tmp_path / "no-such-dir" / "c.png"
+    pending = drawing.draw(confusion_matrix_png, MATRIX, CLASS_NAMES, missing, "t")
+    with pytest.raises(FileNotFoundError):
+        pending.path()
+
+
+def test_when_the_worker_dies_the_run_draws_its_charts_itself(tmp_path: Path) -> None:
+    os.kill(_worker_pid(), signal.SIGKILL)
+    pending = drawing.draw(confusion_matrix_png, MATRIX, CLASS_NAMES, tmp_path / "c.png", "t")
+    assert pending.path().stat().st_size > 0
+    assert drawing.draw(os.getpid).path() == os.getpid()  # and so does every later chart
