@@ -9,12 +9,14 @@ hands its charts over as soon as it has their data (:func:`draw`) and collects t
 worker starts with the sweep (:func:`start`), importing matplotlib while the sweep's process imports its own
 libraries, and a run waits for it to be up before it times anything (:func:`wait_started`).
 
-Should the worker die, a chart is drawn in the run's own process instead: the figures never depend on it.
+Without the worker (a report written on its own, a worker that died) a chart is drawn in the calling process
+when its file is collected: the figures never depend on the worker, and only then is matplotlib imported there.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import multiprocessing
 from collections.abc import Callable
@@ -67,12 +69,12 @@ def wait_started() -> None:
 
 
 def draw(chart: Callable[..., Path], *args: object) -> Drawing:
-    """Have ``chart(*args)`` drawn by the drawing process (started if need be)."""
-    start()
-    try:
-        future = _worker.submit(chart, *args)
-    except BrokenProcessPool:
-        future = None
+    """Have ``chart(*args)`` drawn by the drawing process if it runs (:func:`start`), else in this process
+    when its file is collected (a report written on its own need not start a process for three charts)."""
+    future = None
+    if _worker is not None:
+        with contextlib.suppress(BrokenProcessPool):
+            future = _worker.submit(chart, *args)
     return Drawing(chart, args, future)
 
 

@@ -7,16 +7,29 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
 import numpy as np
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+
+def pyplot() -> ModuleType:
+    """matplotlib's pyplot on the Agg backend, imported on first use: a sweep draws its charts in the drawing
+    process (:mod:`resnet8ptq.drawing`), so the sweep's own process need not import matplotlib at all."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
 
 
 def confusion_matrix_png(matrix: np.ndarray, class_names: Sequence[str], path: Path, title: str) -> Path:
     """Heatmap of (true, predicted) counts with the counts written in each cell."""
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7.5, 6.5))
     image = ax.imshow(matrix, cmap="Blues")
     fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
@@ -46,6 +59,7 @@ def class_accuracy_png(
     baseline: np.ndarray | None = None,
 ) -> Path:
     """Bar chart of per-class accuracy (%), with the FP32 baseline as markers when given."""
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 4))
     positions = np.arange(len(class_names))
     ax.bar(positions, accuracy * 100, color="tab:blue", label="this run")
@@ -66,6 +80,7 @@ def layer_sqnr_png(
     """Horizontal bars of per-layer SQNR (dB), activations and weights in two colours, worst at the top."""
     order = np.argsort(sqnr_db)[::-1]
     colors = {"activation": "tab:orange", "weight": "tab:blue"}
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 0.28 * len(layers) + 1.5))
     positions = np.arange(len(order))
     shown = np.minimum(sqnr_db[order], 80.0)  # an exactly representable tensor would stretch the axis
@@ -90,16 +105,17 @@ def layer_sqnr_png(
     )
 
 
-def _save(fig: plt.Figure, path: Path, **margins: float) -> Path:
+def _save(fig: Figure, path: Path, **margins: float) -> Path:
     """Set the axes' margins (figure fractions), write the PNG and close the figure."""
     fig.subplots_adjust(**margins)
     fig.savefig(path, dpi=120)
-    plt.close(fig)
+    pyplot().close(fig)
     return path
 
 
 def warm_up() -> None:
     """Load what the first chart would otherwise load while a run waits: the font cache and the fonts."""
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(1, 1))
     ax.set_title("0")
     ax.text(0, 0, "0", fontsize=7)

@@ -96,11 +96,12 @@ def _finish(report: Report, client: MlflowClient, parent_run_id: str | None) -> 
     """Write report.md, report.html and PNGs, log them to the parent run; report.html, None if empty."""
     report.out_dir.mkdir(parents=True, exist_ok=True)
     text = markdown(report)
+    images = [drawing.path() for drawing in report.images]
     md_path, html_path = report.out_dir / "report.md", report.out_dir / "report.html"
     md_path.write_text(text, encoding="utf-8")
-    html_path.write_text(to_html(text, report.title, report.images), encoding="utf-8")
+    html_path.write_text(to_html(text, report.title, images), encoding="utf-8")
     if parent_run_id is not None:
-        for path in (md_path, html_path, *report.images):
+        for path in (md_path, html_path, *images):
             client.log_artifact(parent_run_id, str(path), ARTIFACT_DIR)
     if not report.has_results:
         log.warning("%s Report saying so: %s", nothing_to_report_message(report), md_path)

@@ -5,13 +5,10 @@ from __future__ import annotations
 from itertools import cycle
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
-from matplotlib.lines import Line2D
+
+from resnet8ptq.plots import pyplot
 
 HEATMAP_PNG = "report_class_delta.png"
 SIZE_PNG = "report_accuracy_vs_size.png"
@@ -25,6 +22,7 @@ def class_delta_heatmap_png(deltas: pd.DataFrame, path: Path) -> Path:
     """Classes x configurations of the change in points: diverging colours centred at 0, annotated."""
     values = deltas.to_numpy(float)
     limit = max(float(np.nanmax(np.abs(values))) if np.isfinite(values).any() else 0.0, 0.5)
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(min(max(6.0, 0.9 * values.shape[1] + 3.0), 30.0), 6.0))
     image = ax.imshow(values, cmap="RdBu", vmin=-limit, vmax=limit, aspect="auto")
     fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04, label="change vs FP32 (points)")
@@ -47,6 +45,9 @@ def tradeoff_png(
     table: pd.DataFrame, x: str, x_label: str, front: np.ndarray, path: Path, title: str
 ) -> Path:
     """Accuracy (%) against `x`: colour = backend, marker = dtype, the Pareto front ringed and joined."""
+    plt = pyplot()
+    from matplotlib.lines import Line2D  # with pyplot: imported when drawing
+
     fig, ax = plt.subplots(figsize=(9, 5.5))
     colors = {backend: f"C{i}" for i, backend in enumerate(sorted(table["backend"].unique()))}
     quantized_dtypes = sorted(set(table["dtype"]) - {"fp32"})
@@ -90,6 +91,7 @@ def accuracy_map_png(maps: dict[str, pd.DataFrame], kinds: dict[str, pd.DataFram
     high = max(float(np.nanmax(v)) for v in values)
     columns = min(len(maps), 3)
     rows = -(-len(maps) // columns)
+    plt = pyplot()
     fig, axes = plt.subplots(rows, columns, figsize=(4.6 * columns, 3.9 * rows), squeeze=False)
     for ax in axes.flat[len(maps) :]:
         ax.axis("off")
@@ -128,6 +130,7 @@ def search_png(
         x, x_label = trials[columns[1]].to_numpy(float), names[1]
     span = np.ptp(y[front]) if front.any() else 0.0
     zoom = front.any() and np.ptp(y) > 4 * max(span, 1e-9)
+    plt = pyplot()
     fig, axes = plt.subplots(1, 2 if zoom else 1, figsize=(13 if zoom else 9, 5.5), squeeze=False)
     for ax in axes.flat:
         if len(columns) == 1:
@@ -162,6 +165,7 @@ def search_png(
 def mixed_precision_png(searches: dict[str, tuple[pd.DataFrame, float | None]], path: Path) -> Path:
     """Accuracy (%) against the number of 16-bit layers for each mixed-precision search, with the accuracy its
     target asks for (FP32 minus the target drop) dashed and the first step meeting it ringed."""
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(9, 5.5))
     for i, (title, (steps, goal)) in enumerate(searches.items()):
         color = f"C{i}"

@@ -7,6 +7,7 @@ import re
 
 import pandas as pd
 
+from resnet8ptq.drawing import draw
 from resnet8ptq.report.analysis import fmt, fmt_p, pareto_mask
 from resnet8ptq.report.figures import MIXED_PRECISION_PNG, SEARCH_PNG, mixed_precision_png, search_png
 from resnet8ptq.report.sections import Report, Table
@@ -86,8 +87,9 @@ def search_section(report: Report) -> list[str]:
     section += [summary, Table(headers, table_rows).markdown()]
     shown = trials.assign(**{o: trials[o] * OBJECTIVE_DISPLAY[o][1] for o in objectives})
     names = [OBJECTIVE_DISPLAY[o][0] for o in objectives]
-    path = search_png(shown, objectives, names, front, report.out_dir / SEARCH_PNG)
-    return [*section, report.image(path, "Optuna search: trials and Pareto front")]
+    path = report.out_dir / SEARCH_PNG
+    drawing = draw(search_png, shown, objectives, names, front, path)
+    return [*section, report.image(path, "Optuna search: trials and Pareto front", drawing)]
 
 
 def mixed_precision_section(report: Report) -> list[str]:
@@ -123,8 +125,9 @@ def mixed_precision_section(report: Report) -> list[str]:
         section.append(_steps_table(steps, target).markdown())
         fp32 = first["accuracy_pct"] - first["delta_points"]
         plotted[title] = (steps, None if target is None else fp32 - target)
-    path = mixed_precision_png(plotted, report.out_dir / MIXED_PRECISION_PNG)
-    return [*section, report.image(path, "mixed precision: accuracy by step")]
+    path = report.out_dir / MIXED_PRECISION_PNG
+    drawing = draw(mixed_precision_png, plotted, path)
+    return [*section, report.image(path, "mixed precision: accuracy by step", drawing)]
 
 
 def _steps_table(steps: pd.DataFrame, target: float | None) -> Table:

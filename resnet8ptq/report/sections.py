@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from resnet8ptq.drawing import Drawing, draw
 from resnet8ptq.execution import NATIVE_MISMATCH, mismatch_cause
 from resnet8ptq.report.analysis import (
     SIZE_TOLERANCE,
@@ -66,7 +67,7 @@ class Report:
     failed: pd.DataFrame
     max_drop_points: float
     out_dir: Path
-    images: list[Path] = field(default_factory=list)
+    images: list[Drawing] = field(default_factory=list)
     parent_tags: dict[str, str] = field(default_factory=dict)  # the sweep run's (search.*, mixed_precision.*)
 
     @property
@@ -74,9 +75,10 @@ class Report:
         """Whether at least one quantized run finished."""
         return bool(self.table["quantized"].any()) if len(self.table) else False
 
-    def image(self, path: Path, alt: str) -> str:
-        """Markdown for a figure written beside the report (and remembered, to log and embed it)."""
-        self.images.append(path)
+    def image(self, path: Path, alt: str, drawing: Drawing) -> str:
+        """Markdown for a figure being drawn into ``path`` beside the report (``drawing``, remembered to log
+        and embed the file)."""
+        self.images.append(drawing)
         return f"![{alt}]({path.name})"
 
 
@@ -232,8 +234,9 @@ def per_class_section(report: Report) -> list[str]:
         section.append(Table(headers, rows).markdown())
     else:
         section.append("No class loses accuracy under any configuration.")
-    heatmap = class_delta_heatmap_png(deltas, report.out_dir / HEATMAP_PNG)
-    section.append(report.image(heatmap, "per-class accuracy change vs FP32"))
+    heatmap = report.out_dir / HEATMAP_PNG
+    drawing = draw(class_delta_heatmap_png, deltas, heatmap)
+    section.append(report.image(heatmap, "per-class accuracy change vs FP32", drawing))
     return section
 
 
@@ -274,8 +277,8 @@ def tradeoff_section(report: Report) -> list[str]:
         front = pareto_front(points[x].to_numpy(), points["accuracy_pct"].to_numpy(), minimize_x=minimize)
         section.append(f"Pareto front, {what}: **" + ", ".join(points.loc[front, "label"]) + "**.")
         title = f"{what.capitalize()} (Pareto front ringed)"
-        path = tradeoff_png(points, x, x_label, front, report.out_dir / png, title)
-        section.append(report.image(path, what))
+        path = report.out_dir / png
+        section.append(report.image(path, what, draw(tradeoff_png, points, x, x_label, front, path, title)))
     return section
 
 

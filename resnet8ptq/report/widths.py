@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from resnet8ptq.drawing import draw
 from resnet8ptq.report.figures import ACCURACY_MAP_PNG, accuracy_map_png
 from resnet8ptq.report.runs import configured
 from resnet8ptq.report.sections import Report, Table
@@ -43,8 +44,10 @@ def accuracy_map_section(report: Report) -> list[str]:
             for bits, row in maps[title].iloc[::-1].iterrows()
         ]
         section += [f"**{title}** (accuracy %; {MARK_LEGEND})", Table(headers, rows).markdown()]
-    path = accuracy_map_png(maps, kinds, report.out_dir / ACCURACY_MAP_PNG)
-    return [*section[:1], report.image(path, "accuracy by weight and activation bits"), *section[1:]]
+    path = report.out_dir / ACCURACY_MAP_PNG
+    drawing = draw(accuracy_map_png, maps, kinds, path)
+    image = report.image(path, "accuracy by weight and activation bits", drawing)
+    return [*section[:1], image, *section[1:]]
 
 
 def fmt_cell(accuracy: float, mark: object) -> str:

@@ -1,5 +1,5 @@
 """The drawing process: it draws a run's charts to the files the run's own process would have drawn, reports
-a chart's error to the run, and when it is gone the run draws its charts itself."""
+a chart's error to the run, and when it is gone (or was never started) the run draws its charts itself."""
 
 from __future__ import annotations
 
@@ -50,3 +50,7 @@ def test_when_the_worker_dies_the_run_draws_its_charts_itself(tmp_path: Path) ->
     pending = drawing.draw(confusion_matrix_png, MATRIX, CLASS_NAMES, tmp_path / "c.png", "t")
     assert pending.path().stat().st_size > 0
     assert drawing.draw(os.getpid).path() == os.getpid()  # and so does every later chart
+
+
+def test_without_the_worker_charts_are_drawn_here() -> None:
+    assert drawing.draw(os.getpid).path() == os.getpid()

@@ -325,7 +325,7 @@ def test_runs_from_two_machines_are_kept_apart(table: pd.DataFrame, tmp_path: Pa
     assert "runs from 2 machines" in analysis.hardware_lines(mixed)[0]
     out = sections.Report("t", [], mixed, mixed.iloc[0:0], 5.0, tmp_path)
     blocks = sections.tradeoff_section(out)
-    assert sorted(path.name for path in out.images) == [
+    assert sorted(drawing.path().name for drawing in out.images) == [
         "report_accuracy_vs_size.png",
         "report_accuracy_vs_throughput_M1.png",
         "report_accuracy_vs_throughput_M2.png",
@@ -443,6 +443,7 @@ def test_accuracy_map_of_a_bit_width_sweep(tmp_path: Path) -> None:
     torch_map = text[text.index("**torch") :]
     assert "| 8 | - | 88.8 N |\n| 4 | 86.4 S | 88.4 N |" in torch_map  # weight bits down, activation across
     assert "| 8 | - | 88.8 N |\n| 4 | - | 88.4 N |" in text  # onnx: 8-bit activations only, on the same axes
+    assert [drawing.path() for drawing in report_.images] == [tmp_path / figures.ACCURACY_MAP_PNG]
     assert (tmp_path / figures.ACCURACY_MAP_PNG).stat().st_size > 10_000
     one_width = table[(table["activation_bits"] == 8) & (table["weight_bits"] == 8)]
     assert (
