@@ -9,8 +9,9 @@ hands its charts over as soon as it has their data (:func:`draw`) and collects t
 worker starts with the sweep (:func:`start`), importing matplotlib while the sweep's process imports its own
 libraries, and a run waits for it to be up before it times anything (:func:`wait_started`).
 
-Without the worker (a report written on its own, a worker that died) a chart is drawn in the calling process
-when its file is collected: the figures never depend on the worker, and only then is matplotlib imported there.
+Without the worker (a report written on its own, a worker that died or could not start) a chart is drawn in
+the calling process when its file is collected: the figures never depend on the worker, and only then is
+matplotlib imported there.
 """
 
 from __future__ import annotations
@@ -54,8 +55,14 @@ def start() -> None:
     global _worker, _started
     if _worker is not None:
         return
-    _worker = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
-    _started = _worker.submit(_warm_up)
+    worker = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+    try:
+        _started = worker.submit(_warm_up)  # spawns the process
+    except OSError as err:  # e.g. a process limit: the charts are drawn here instead
+        log.warning("Cannot start the chart-drawing process (%s); charts are drawn in this process", err)
+        worker.shutdown(wait=False)
+        return
+    _worker = worker
     atexit.register(stop)
 
 

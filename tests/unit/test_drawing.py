@@ -54,3 +54,13 @@ def test_when_the_worker_dies_the_run_draws_its_charts_itself(tmp_path: Path) ->
 
 def test_without_the_worker_charts_are_drawn_here() -> None:
     assert drawing.draw(os.getpid).path() == os.getpid()
+
+
+def test_a_worker_that_cannot_start_leaves_the_charts_to_the_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*args: object) -> None:
+        raise BlockingIOError(11, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(drawing.ProcessPoolExecutor, "submit", refuse)
+    drawing.start()
+    drawing.wait_started()
+    assert drawing.draw(os.getpid).path() == os.getpid()
