@@ -73,6 +73,8 @@ def wait_started() -> None:
             _started.result()
         except BrokenProcessPool:
             log.warning("The chart-drawing process did not start; charts are drawn in this process")
+        except Exception as err:  # its warm-up failed: the run goes on (a chart failing so will say so)
+            log.warning("The chart-drawing process could not load matplotlib's fonts: %s", err)
 
 
 def draw(chart: Callable[..., Path], *args: object) -> Drawing:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+from concurrent.futures import Future
 from pathlib import Path
 
 import numpy as np
@@ -64,3 +65,12 @@ def test_a_worker_that_cannot_start_leaves_the_charts_to_the_run(monkeypatch: py
     drawing.start()
     drawing.wait_started()
     assert drawing.draw(os.getpid).path() == os.getpid()
+
+
+def test_a_failed_warm_up_does_not_stop_the_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    drawing.start()
+    failed: Future = Future()
+    failed.set_exception(RuntimeError("no fonts"))  # the warm-up's outcome, as if matplotlib had failed
+    monkeypatch.setattr(drawing, "_started", failed)
+    drawing.wait_started()  # logs, does not raise
+    assert drawing.draw(os.getpid).path() != os.getpid()  # the worker still draws
