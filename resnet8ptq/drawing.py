@@ -6,8 +6,8 @@ while the run logs its model with the other core idle. So one worker process (``
 the run's process has torch's and ORT's thread pools, which a fork would copy mid-flight) draws them: a run
 hands its charts over as soon as it has their data (:func:`draw`) and collects the files when it logs them
 (:meth:`Drawing.path`), never later, so that no chart is drawn while the next run's passes are timed. The
-worker starts with the sweep (:func:`start`), importing matplotlib while the sweep's process imports its own
-libraries, and a run waits for it to be up before it times anything (:func:`wait_started`).
+worker starts with a process's first run (:func:`start`), importing matplotlib while the run sets up, and a
+run waits for it to be up before it times anything (:func:`wait_started`).
 
 Without the worker (a report written on its own, a worker that died or could not start) a chart is drawn in
 the calling process when its file is collected: the figures never depend on the worker, and only then is
