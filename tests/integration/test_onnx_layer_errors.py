@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 from onnxruntime.quantization.qdq_loss_debug import (
     collect_activations,
@@ -72,3 +73,26 @@ def test_streamed_sqnr_equals_ort_qdq_loss_debug(
     assert streamed.keys() == expected.keys() - {"input", "conv2d_1/BiasAdd__6"}
     for layer, sqnr in streamed.items():
         assert sqnr == pytest.approx(expected[layer], abs=1e-3), layer
+
+
+def test_nothing_is_written_beside_the_models(
+    canonical_model: CanonicalModel, calib_images, tmp_path, monkeypatch
+):
+    """Parallel runs share the cached FP32 model: ORT's augmentation writes (and deletes)
+    `<model>-inferred.onnx` beside the model it reads, so the tool must hand it copies in a folder of its own
+    (two joblib jobs failed with FileNotFoundError on each other's deleted file)."""
+    quantized = OnnxRuntimeBackend(native=False).quantize(
+        canonical_model.onnx_path, calib_images, SPECS["uint8/int8 per-tensor"], tmp_path / "run"
+    )
+    written: list[Path] = []
+    infer_shapes_path = onnx.shape_inference.infer_shapes_path
+
+    def recording(model_path: str, output_path: str = "", *args, **kwargs):
+        written.append(Path(output_path or model_path))
+        return infer_shapes_path(model_path, output_path, *args, **kwargs)
+
+    monkeypatch.setattr(onnx.shape_inference, "infer_shapes_path", recording)
+    layer_errors.measure(canonical_model.onnx_path, quantized.path, calib_images[:25])
+    assert len(written) == 2, "ORT's shape inference was not seen: the check below would prove nothing"
+    shared = {canonical_model.onnx_path.parent, quantized.path.parent}
+    assert not [path for path in written if path.parent in shared]

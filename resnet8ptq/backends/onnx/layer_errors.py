@@ -9,6 +9,7 @@ its SQNR formula (:func:`~resnet8ptq.backends.base.sqnr_db` on sums accumulated 
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -123,8 +124,13 @@ def measure(float_path: Path, qdq_path: Path, images: np.ndarray) -> list[LayerE
 def augmented_session(path: Path, augmented: Path, op_types: list[str] | None) -> ort.InferenceSession:
     """A session of the model with its intermediate tensors as extra outputs (ORT's
     ``modify_model_output_intermediate_tensors``: those around ``op_types`` nodes, or all), run as ORT's
-    ``collect_activations`` runs it: CPU, no graph optimisation."""
-    modify_model_output_intermediate_tensors(str(path), str(augmented), op_types_for_saving=op_types)
+    ``collect_activations`` runs it: CPU, no graph optimisation.
+
+    ORT's augmentation writes ``<model>-inferred.onnx`` beside the model it reads and deletes it afterwards,
+    so it reads a copy in ``augmented``'s folder: parallel runs sharing the cached FP32 model would otherwise
+    delete each other's file (seen with two joblib jobs)."""
+    source = Path(shutil.copy(path, augmented.with_name(f"{augmented.stem}-source.onnx")))
+    modify_model_output_intermediate_tensors(str(source), str(augmented), op_types_for_saving=op_types)
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     return ort.InferenceSession(str(augmented), options, providers=["CPUExecutionProvider"])
