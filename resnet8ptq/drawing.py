@@ -96,6 +96,9 @@ def stop() -> None:
 
 
 def _warm_up() -> None:
+    """matplotlib's fonts, and the report's chart module with pandas (its charts take DataFrames): imported
+    now, while the run sets up, they would otherwise be imported while the sweep waits for its report."""
+    import resnet8ptq.report.figures  # noqa: F401
     from resnet8ptq.plots import warm_up
 
     warm_up()

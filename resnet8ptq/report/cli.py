@@ -13,8 +13,8 @@ import mlflow
 from mlflow.tracking import MlflowClient
 
 from resnet8ptq.config import MlflowConfig, ReportConfig
-from resnet8ptq.report import write_experiment_report, write_report
 from resnet8ptq.report.runs import ReportError, latest_sweep_run
+from resnet8ptq.report.writer import write_experiment_report, write_report
 
 EXIT_NOTHING_TO_REPORT = 3
 DEFAULT_EXPERIMENT = MlflowConfig.experiment

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from mlflow.tracking import MlflowClient
 
-from resnet8ptq import report
+from resnet8ptq.report import writer as report
 from tests.unit.test_report import REPORT_FILES
 
 

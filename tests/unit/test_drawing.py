@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 from concurrent.futures import Future
 from pathlib import Path
 
@@ -74,3 +76,13 @@ def test_a_failed_warm_up_does_not_stop_the_run(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(drawing, "_started", failed)
     drawing.wait_started()  # logs, does not raise
     assert drawing.draw(os.getpid).path() != os.getpid()  # the worker still draws
+
+
+def test_the_chart_modules_import_no_heavy_library() -> None:
+    """The worker imports the modules whose functions it draws: if they pulled in MLflow or SciPy (the report
+    package once did, 1.2 s), the sweep would wait for that import before its report."""
+    chart_modules = ["resnet8ptq.plots", "resnet8ptq.report.figures"]
+    heavy = ["mlflow", "sqlalchemy", "scipy", "torch", "onnxruntime", "tensorflow"]
+    probe = f"import sys, {', '.join(chart_modules)}; print([m for m in {heavy!r} if m in sys.modules])"
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"

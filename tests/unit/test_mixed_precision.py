@@ -15,7 +15,6 @@ from omegaconf import OmegaConf
 from onnx import TensorProto, helper, numpy_helper
 from onnxruntime.quantization import QuantType
 
-from resnet8ptq import report
 from resnet8ptq.backends.base import LayerPrecision, QuantSpec
 from resnet8ptq.backends.onnx.widths import raised_overrides
 from resnet8ptq.calibration import CalibConfig
@@ -30,6 +29,7 @@ from resnet8ptq.layers import (
     raised_in,
     sharing,
 )
+from resnet8ptq.report import writer as report
 from resnet8ptq.search.objectives import REFUSED, trial_tag
 from resnet8ptq.search.target import TargetNotReached, reach_target
 from resnet8ptq.tracking.sweep import PARENT_RUN_ENV

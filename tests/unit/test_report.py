@@ -14,10 +14,11 @@ import pytest
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
-from resnet8ptq import app, report
+from resnet8ptq import app
 from resnet8ptq.data import CLASS_NAMES
 from resnet8ptq.hardware import Hardware
 from resnet8ptq.report import analysis, cli, figures, runs, sections, widths
+from resnet8ptq.report import writer as report
 
 REPORT_FILES = {
     "report.md",

@@ -11,10 +11,10 @@ import pytest
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
-from resnet8ptq import report
 from resnet8ptq.artifacts import evaluation_files
 from resnet8ptq.evaluate import Evaluation
 from resnet8ptq.report import runs, sections, significance
+from resnet8ptq.report import writer as report
 from resnet8ptq.statistics import mcnemar
 
 IMAGES = 2_000
