@@ -27,7 +27,7 @@ sys.path.insert(0, str(REPO))
 
 from resnet8ptq.backends.base import QuantSpec  # noqa: E402
 from resnet8ptq.calibration import CalibConfig  # noqa: E402
-from resnet8ptq.data import calibration_set, load_cifar10, to_model_input  # noqa: E402
+from resnet8ptq.data import MD5_CACHE, calibration_set, load_cifar10, to_model_input  # noqa: E402
 from resnet8ptq.dtype import DtypeConfig  # noqa: E402
 from resnet8ptq.evaluate import evaluate_baseline  # noqa: E402
 from resnet8ptq.execution import evaluate_quantized  # noqa: E402
@@ -54,7 +54,7 @@ def main(argv: list[str]) -> None:
     cache = Path(os.environ.get("RESNET8PTQ_CACHE", Path.home() / ".cache" / "resnet8ptq"))
     h5, sha256 = resolve_h5(assets / "models" / "pretrainedResnet.h5", MODEL_SHA256, cache)
     onnx_path = canonical_onnx(h5, sha256, cache).onnx_path
-    data = load_cifar10(assets, download=False)
+    data = load_cifar10(assets, download=False, md5_cache=cache / MD5_CACHE)  # as the tool reads it
     calibration, _ = calibration_set(data, 100, 42)
     images, labels = to_model_input(data.test_images), data.test_labels
     work, backends = 0.0, {}

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
+import logging
 import os
 import pickle
 import shutil
@@ -16,6 +18,8 @@ from pathlib import Path, PurePosixPath
 import numpy as np
 
 from resnet8ptq.fetch import FetchError, download
+
+log = logging.getLogger(__name__)
 
 CLASS_NAMES: tuple[str, ...] = (
     "airplane",
@@ -62,6 +66,10 @@ PYTHON_MD5: dict[str, str] = {
     "test_batch": "40351d587109b95175f43aff81a1287e",
 }
 PYTHON_SIZES: dict[str, int] = {}  # pickle sizes are not part of the official listing; MD5 covers them
+
+
+MD5_CACHE = "cifar10-md5.json"
+"""The file, in the tool's cache directory, that keeps the CIFAR-10 files' MD5s (see :func:`load_cifar10`)."""
 
 
 class DataError(RuntimeError):
@@ -157,22 +165,57 @@ _LAYOUTS = (
 
 
 @functools.lru_cache(maxsize=128)
-def _md5_of(path: str, size: int, mtime_ns: int, inode: int) -> str:
-    """MD5 hex digest of a file; cached on (path, size, mtime, inode) so a multirun hashes once."""
+def _md5_of(path: str, *version: int) -> str:
+    """MD5 hex digest of a file; cached on its path and stat ``version`` so a multirun hashes once."""
     with open(path, "rb") as f:
         return hashlib.file_digest(f, lambda: hashlib.md5(usedforsecurity=False)).hexdigest()
 
 
-def _file_md5(path: str | Path) -> str:
-    """MD5 of `path` (symlinks followed), cached in-process until the file changes."""
+def _file_md5(path: str | Path, known: dict[str, list] | None = None) -> str:
+    """MD5 of `path` (symlinks followed). Cached in-process, and in ``known`` (path -> [size, mtime, ctime,
+    inode, device, md5], kept on disk by :func:`load_cifar10`) until the file changes: rewriting a file
+    changes its ctime, which no one can set back."""
     resolved = Path(path).resolve()
     st = resolved.stat()
-    return _md5_of(str(resolved), st.st_size, st.st_mtime_ns, st.st_ino)
+    version = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]
+    entry = (known or {}).get(str(resolved))
+    if entry is not None and entry[:-1] == version:
+        return entry[-1]
+    md5 = _md5_of(str(resolved), *version)
+    if known is not None:
+        known[str(resolved)] = [*version, md5]
+    return md5
 
 
-def _verify(layout: _Layout, batches: Path) -> None:
-    """Check size (where known) and MD5 of every `layout` file; raise one DataError listing all failures."""
+def _read_known(path: Path | None) -> dict[str, list] | None:
+    """The MD5s recorded in ``path`` ({} if it is missing or unreadable: they are then computed again)."""
+    if path is None:
+        return None
+    try:
+        known = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return known if isinstance(known, dict) else {}
+
+
+def _write_known(path: Path, known: dict[str, list]) -> None:
+    """Record the MD5s in ``path``, atomically; a cache that cannot be written only costs a re-hash."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(known, f)
+        os.replace(tmp, path)
+    except OSError as err:
+        log.debug("Cannot record CIFAR-10 checksums in %s: %s", path, err)
+
+
+def _verify(layout: _Layout, batches: Path, md5_cache: Path | None) -> None:
+    """Check size (where known) and MD5 of every `layout` file; raise one DataError listing all failures.
+    MD5s of unchanged files are read from ``md5_cache`` (if given), new ones recorded there."""
     md5s, sizes = layout.checksums()
+    known = _read_known(md5_cache)
+    before = json.dumps(known)
     problems = []
     for name in layout.files():
         path = batches / name
@@ -181,9 +224,11 @@ def _verify(layout: _Layout, batches: Path) -> None:
         if expected_size is not None and actual_size != expected_size:
             problems.append(f"{path}: size {actual_size:,} bytes, expected {expected_size:,} (truncated?)")
             continue
-        actual = _file_md5(path)
+        actual = _file_md5(path, known)
         if actual != md5s[name]:
             problems.append(f"{path}: md5 {actual}, expected {md5s[name]}")
+    if md5_cache is not None and json.dumps(known) != before:
+        _write_known(md5_cache, known)
     if problems:
         raise DataError(
             f"CIFAR-10 {layout.name} files failed verification against the official checksums:\n  "
@@ -282,11 +327,13 @@ def _complete(layout: _Layout, root: Path) -> bool:
     return all((root / layout.dirname / name).is_file() for name in layout.files())
 
 
-def load_cifar10(root: str | Path, download: bool = True) -> Cifar10:
+def load_cifar10(root: str | Path, download: bool = True, md5_cache: Path | None = None) -> Cifar10:
     """Find, verify (MD5 of every file), and read CIFAR-10 under `root`.
 
     Uses `root/cifar-10-batches-bin/` (preferred) or `root/cifar-10-batches-py/`. If neither is present
-    and `download` is true, the official binary archive is fetched into `root` first.
+    and `download` is true, the official binary archive is fetched into `root` first. ``md5_cache`` (a JSON
+    file, e.g. in the tool's cache directory) keeps each file's MD5 with its size, times and inode, so that
+    later processes hash only files that changed (hashing all six takes about 0.26 s).
     """
     root = Path(root).expanduser().absolute()
     layout = next((lay for lay in _LAYOUTS if _complete(lay, root)), None)
@@ -306,7 +353,7 @@ def load_cifar10(root: str | Path, download: bool = True) -> Cifar10:
         if not _complete(layout, root):
             raise DataError(_missing_message(root, f"the downloaded archive lacks some {BINARY_DIR} files"))
     batches = root / layout.dirname
-    _verify(layout, batches)  # every file is verified before any is read (or unpickled)
+    _verify(layout, batches, md5_cache)  # every file is verified before any is read (or unpickled)
     if layout.name == "binary":
         _check_meta(batches)
     train_images, train_labels = _read_split(layout, batches, _TRAIN_STEMS)

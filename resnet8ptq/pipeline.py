@@ -22,7 +22,15 @@ from resnet8ptq.algorithms import AlgoConfig, prepare
 from resnet8ptq.artifacts import evaluation_files
 from resnet8ptq.backends.base import KERAS_SOURCE, Backend, QuantizedModel, QuantSpec
 from resnet8ptq.config import ConfigError, quant_spec
-from resnet8ptq.data import BINARY_DIR, PYTHON_DIR, Cifar10, calibration_set, load_cifar10, to_model_input
+from resnet8ptq.data import (
+    BINARY_DIR,
+    MD5_CACHE,
+    PYTHON_DIR,
+    Cifar10,
+    calibration_set,
+    load_cifar10,
+    to_model_input,
+)
 from resnet8ptq.evaluate import Baseline, evaluate_baseline
 from resnet8ptq.execution import evaluate_quantized
 from resnet8ptq.layers import check_raised, expected_raised, raised_in, sharing
@@ -77,7 +85,7 @@ def run(cfg: DictConfig, output_dir: Path, extra_tags: Mapping[str, str] | None 
     with child_run(experiment_id, run_name, tags | extra_tags, params) as run_id:
         # 1. Data: verified CIFAR-10, stratified calibration sample of the training split, MLPerf Tiny's
         #    performance subset of the test split.
-        data = load_dataset(cfg.data.root, cfg.data.download)
+        data = load_dataset(cfg.data.root, cfg.data.download, cfg.cache_dir)
         calibration_images, _ = calibration_set(data, cfg.data.calib_per_class, cfg.data.seed)
         test_images, test_labels = test_set(data)
         perf_subset = perf_subset_indices(Path(cfg.cache_dir))
@@ -224,9 +232,10 @@ def threads_per_run(cfg: DictConfig) -> int | None:
 
 
 @functools.cache
-def load_dataset(root: str, download: bool) -> Cifar10:
-    """CIFAR-10, verified and read once per process (a multirun reuses it)."""
-    return load_cifar10(Path(root), download=download)
+def load_dataset(root: str, download: bool, cache_dir: str) -> Cifar10:
+    """CIFAR-10, verified and read once per process (a multirun reuses it); the files' MD5s are kept in
+    the cache directory until a file changes."""
+    return load_cifar10(Path(root), download=download, md5_cache=Path(cache_dir) / MD5_CACHE)
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import pickle
 import tarfile
@@ -246,6 +247,48 @@ def test_verification_is_cached_until_the_file_changes(
     os.utime(target, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
     with pytest.raises(DataError, match=r"test_batch\.bin: md5"):
         load_cifar10(tmp_path / "root", download=False)
+
+
+def test_checksums_are_remembered_on_disk_until_a_file_changes(
+    tmp_path: Path, assets_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A later process (in-process cache cleared) hashes nothing that did not change; a file rewritten with
+    its old size and mtime put back is still hashed again (its ctime moved) and refused."""
+    batches = tmp_path / "root" / BINARY_DIR
+    write_tiny_binary(assets_dir / BINARY_DIR, batches, records=4)
+    patch_binary_tables(monkeypatch, batches)
+    hashed = []
+    real_file_digest = hashlib.file_digest
+    monkeypatch.setattr(hashlib, "file_digest", lambda f, d: hashed.append(f.name) or real_file_digest(f, d))
+    cache = tmp_path / "cache" / "cifar10-md5.json"
+    first = load_cifar10(tmp_path / "root", download=False, md5_cache=cache)
+    assert len(hashed) == 6 and cache.is_file()
+    data._md5_of.cache_clear()  # as in a new process
+    again = load_cifar10(tmp_path / "root", download=False, md5_cache=cache)
+    assert len(hashed) == 6, "unchanged files were hashed again"
+    np.testing.assert_array_equal(again.test_images, first.test_images)
+
+    target = batches / "test_batch.bin"
+    stat = target.stat()
+    content = bytearray(target.read_bytes())
+    content[-1] ^= 0xFF
+    target.write_bytes(content)
+    os.utime(target, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # size and mtime as before
+    with pytest.raises(DataError, match=r"test_batch\.bin: md5"):
+        load_cifar10(tmp_path / "root", download=False, md5_cache=cache)
+    assert hashed[6:] == [str(target)]
+
+
+def test_an_unreadable_checksum_cache_is_rebuilt(
+    tmp_path: Path, assets_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    batches = tmp_path / "root" / BINARY_DIR
+    write_tiny_binary(assets_dir / BINARY_DIR, batches, records=2)
+    patch_binary_tables(monkeypatch, batches)
+    cache = tmp_path / "cifar10-md5.json"
+    cache.write_text("{not json")
+    assert load_cifar10(tmp_path / "root", download=False, md5_cache=cache).layout == "binary"
+    assert len(json.loads(cache.read_text())) == 6
 
 
 # --- download ----------------------------------------------------------------------------------------------

@@ -31,7 +31,7 @@ def reads(monkeypatch: pytest.MonkeyPatch) -> Counter:
     """Counts reads of CIFAR-10 (a small stand-in) by root."""
     counts: Counter = Counter()
 
-    def fake_load(root: Path, download: bool) -> Cifar10:
+    def fake_load(root: Path, download: bool, md5_cache: Path) -> Cifar10:
         counts[str(root)] += 1
         images = np.zeros((20, 32, 32, 3), np.uint8)
         return Cifar10(images, np.arange(20) % 10, images, np.arange(20) % 10, "binary", Path(root))
@@ -54,16 +54,18 @@ class _CountingBackend:
 
 
 def test_the_data_is_read_once_per_process_and_root(reads: Counter) -> None:
-    first = pipeline.load_dataset("/data/a", False)
-    assert pipeline.load_dataset("/data/a", False) is first
-    pipeline.load_dataset("/data/b", False)
+    first = pipeline.load_dataset("/data/a", False, "/cache")
+    assert pipeline.load_dataset("/data/a", False, "/cache") is first
+    pipeline.load_dataset("/data/b", False, "/cache")
     assert reads == {"/data/a": 1, "/data/b": 1}
 
 
 def test_runs_of_one_process_evaluate_each_fp32_baseline_once(reads: Counter, tmp_path: Path) -> None:
     backend = _CountingBackend()
     baselines = [
-        pipeline.fp32_baseline(backend, tmp_path / "model.onnx", tmp_path, pipeline.load_dataset("/d", False))
+        pipeline.fp32_baseline(
+            backend, tmp_path / "model.onnx", tmp_path, pipeline.load_dataset("/d", False, "/c")
+        )
         for _run in range(3)
     ]
     assert backend.loads == 1 and reads == {"/d": 1}
