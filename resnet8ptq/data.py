@@ -174,12 +174,12 @@ def _md5_of(path: str, *version: int) -> str:
 def _file_md5(path: str | Path, known: dict[str, list] | None = None) -> str:
     """MD5 of `path` (symlinks followed). Cached in-process, and in ``known`` (path -> [size, mtime, ctime,
     inode, device, md5], kept on disk by :func:`load_cifar10`) until the file changes: rewriting a file
-    changes its ctime, which no one can set back."""
+    moves its ctime, which, unlike its mtime, a program cannot set back."""
     resolved = Path(path).resolve()
     st = resolved.stat()
     version = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]
     entry = (known or {}).get(str(resolved))
-    if entry is not None and entry[:-1] == version:
+    if isinstance(entry, list) and entry[:-1] == version:
         return entry[-1]
     md5 = _md5_of(str(resolved), *version)
     if known is not None:
@@ -200,6 +200,7 @@ def _read_known(path: Path | None) -> dict[str, list] | None:
 
 def _write_known(path: Path, known: dict[str, list]) -> None:
     """Record the MD5s in ``path``, atomically; a cache that cannot be written only costs a re-hash."""
+    tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
@@ -208,6 +209,8 @@ def _write_known(path: Path, known: dict[str, list]) -> None:
         os.replace(tmp, path)
     except OSError as err:
         log.debug("Cannot record CIFAR-10 checksums in %s: %s", path, err)
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
 
 
 def _verify(layout: _Layout, batches: Path, md5_cache: Path | None) -> None:

@@ -291,6 +291,19 @@ def test_an_unreadable_checksum_cache_is_rebuilt(
     assert len(json.loads(cache.read_text())) == 6
 
 
+def test_a_checksum_cache_that_cannot_be_written_costs_only_a_rehash(
+    tmp_path: Path, assets_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    batches = tmp_path / "root" / BINARY_DIR
+    write_tiny_binary(assets_dir / BINARY_DIR, batches, records=2)
+    patch_binary_tables(monkeypatch, batches)
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("")
+    loaded = load_cifar10(tmp_path / "root", download=False, md5_cache=blocker / "cifar10-md5.json")
+    assert loaded.layout == "binary"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["not-a-directory", "root"]
+
+
 # --- download ----------------------------------------------------------------------------------------------
 
 
