@@ -249,57 +249,52 @@ def test_verification_is_cached_until_the_file_changes(
         load_cifar10(tmp_path / "root", download=False)
 
 
+@pytest.fixture
+def tiny_root(tmp_path: Path, assets_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A data root holding the first 4 records of every real binary batch, its checksums the official ones."""
+    write_tiny_binary(assets_dir / BINARY_DIR, tmp_path / "root" / BINARY_DIR, records=4)
+    patch_binary_tables(monkeypatch, tmp_path / "root" / BINARY_DIR)
+    return tmp_path / "root"
+
+
 def test_checksums_are_remembered_on_disk_until_a_file_changes(
-    tmp_path: Path, assets_dir: Path, monkeypatch: pytest.MonkeyPatch
+    tiny_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A later process (in-process cache cleared) hashes nothing that did not change; a file rewritten with
     its old size and mtime put back is still hashed again (its ctime moved) and refused."""
-    batches = tmp_path / "root" / BINARY_DIR
-    write_tiny_binary(assets_dir / BINARY_DIR, batches, records=4)
-    patch_binary_tables(monkeypatch, batches)
     hashed = []
     real_file_digest = hashlib.file_digest
     monkeypatch.setattr(hashlib, "file_digest", lambda f, d: hashed.append(f.name) or real_file_digest(f, d))
     cache = tmp_path / "cache" / "cifar10-md5.json"
-    first = load_cifar10(tmp_path / "root", download=False, md5_cache=cache)
+    first = load_cifar10(tiny_root, download=False, md5_cache=cache)
     assert len(hashed) == 6 and cache.is_file()
     data._md5_of.cache_clear()  # as in a new process
-    again = load_cifar10(tmp_path / "root", download=False, md5_cache=cache)
+    again = load_cifar10(tiny_root, download=False, md5_cache=cache)
     assert len(hashed) == 6, "unchanged files were hashed again"
     np.testing.assert_array_equal(again.test_images, first.test_images)
 
-    target = batches / "test_batch.bin"
+    target = tiny_root / BINARY_DIR / "test_batch.bin"
     stat = target.stat()
     content = bytearray(target.read_bytes())
     content[-1] ^= 0xFF
     target.write_bytes(content)
     os.utime(target, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # size and mtime as before
     with pytest.raises(DataError, match=r"test_batch\.bin: md5"):
-        load_cifar10(tmp_path / "root", download=False, md5_cache=cache)
+        load_cifar10(tiny_root, download=False, md5_cache=cache)
     assert hashed[6:] == [str(target)]
 
 
-def test_an_unreadable_checksum_cache_is_rebuilt(
-    tmp_path: Path, assets_dir: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    batches = tmp_path / "root" / BINARY_DIR
-    write_tiny_binary(assets_dir / BINARY_DIR, batches, records=2)
-    patch_binary_tables(monkeypatch, batches)
+def test_an_unreadable_checksum_cache_is_rebuilt(tiny_root: Path, tmp_path: Path) -> None:
     cache = tmp_path / "cifar10-md5.json"
     cache.write_text("{not json")
-    assert load_cifar10(tmp_path / "root", download=False, md5_cache=cache).layout == "binary"
+    assert load_cifar10(tiny_root, download=False, md5_cache=cache).layout == "binary"
     assert len(json.loads(cache.read_text())) == 6
 
 
-def test_a_checksum_cache_that_cannot_be_written_costs_only_a_rehash(
-    tmp_path: Path, assets_dir: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    batches = tmp_path / "root" / BINARY_DIR
-    write_tiny_binary(assets_dir / BINARY_DIR, batches, records=2)
-    patch_binary_tables(monkeypatch, batches)
+def test_a_checksum_cache_that_cannot_be_written_costs_only_a_rehash(tiny_root: Path, tmp_path: Path) -> None:
     blocker = tmp_path / "not-a-directory"
     blocker.write_text("")
-    loaded = load_cifar10(tmp_path / "root", download=False, md5_cache=blocker / "cifar10-md5.json")
+    loaded = load_cifar10(tiny_root, download=False, md5_cache=blocker / "cifar10-md5.json")
     assert loaded.layout == "binary"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["not-a-directory", "root"]
 
