@@ -17,6 +17,7 @@ from mlflow.tracking import MlflowClient
 
 from resnet8ptq.data import BINARY_DIR, Cifar10, load_cifar10
 from resnet8ptq.model import MODEL_FILENAME, MODEL_SHA256, CanonicalModel, canonical_onnx, resolve_h5
+from resnet8ptq.tracking.store import seed_sqlite_store
 from resnet8ptq.tracking.sweep import PARENT_RUN_ENV
 
 REPO = Path(__file__).resolve().parents[2]
@@ -55,12 +56,13 @@ def canonical_model(assets_dir: Path, model_cache: Path) -> CanonicalModel:
 
 
 @pytest.fixture(scope="session")
-def initialised_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """An MLflow SQLite database with MLflow's tables created and no runs. Copied into a working directory
-    as `mlflow.db`, it spares a CLI invocation the ~6 s of creating them; the CLI still creates the
-    `resnet8ptq` experiment there, with its artifacts under that directory's ./mlruns."""
+def initialised_store(tmp_path_factory: pytest.TempPathFactory, model_cache: Path) -> Path:
+    """An MLflow SQLite database with MLflow's tables and no runs, made as the tool makes a new store (a copy
+    of the per-machine empty store in the cache directory). Copied into a working directory as `mlflow.db`,
+    it is a store as after earlier use; the CLI still creates the `resnet8ptq` experiment there, with its
+    artifacts under that directory's ./mlruns."""
     path = tmp_path_factory.mktemp("initialised-store") / "mlflow.db"
-    MlflowClient(f"sqlite:///{path}").search_experiments()
+    assert seed_sqlite_store(path, model_cache)
     return path
 
 
