@@ -203,7 +203,7 @@ class SweepRunCallback(Callback):
 def write_report_safely(run_id: str, max_drop_points: float) -> None:
     """Write and log the comparison report of a sweep run; a failure is logged, never raised."""
     try:
-        from resnet8ptq.report.writer import write_report  # matplotlib: only imported when reporting
+        from resnet8ptq.report.writer import write_report  # pandas, SciPy: only imported when reporting
 
         write_report(run_id, max_drop_points=max_drop_points)
     except Exception as err:

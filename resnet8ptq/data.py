@@ -218,7 +218,7 @@ def _verify(layout: _Layout, batches: Path, md5_cache: Path | None) -> None:
     MD5s of unchanged files are read from ``md5_cache`` (if given), new ones recorded there."""
     md5s, sizes = layout.checksums()
     known = _read_known(md5_cache)
-    before = json.dumps(known)
+    before = dict(known or {})
     problems = []
     for name in layout.files():
         path = batches / name
@@ -230,7 +230,7 @@ def _verify(layout: _Layout, batches: Path, md5_cache: Path | None) -> None:
         actual = _file_md5(path, known)
         if actual != md5s[name]:
             problems.append(f"{path}: md5 {actual}, expected {md5s[name]}")
-    if md5_cache is not None and json.dumps(known) != before:
+    if md5_cache is not None and known != before:
         _write_known(md5_cache, known)
     if problems:
         raise DataError(
@@ -336,7 +336,7 @@ def load_cifar10(root: str | Path, download: bool = True, md5_cache: Path | None
     Uses `root/cifar-10-batches-bin/` (preferred) or `root/cifar-10-batches-py/`. If neither is present
     and `download` is true, the official binary archive is fetched into `root` first. ``md5_cache`` (a JSON
     file, e.g. in the tool's cache directory) keeps each file's MD5 with its size, times and inode, so that
-    later processes hash only files that changed (hashing all six takes about 0.26 s).
+    later processes hash only files that changed (hashing all six: about 0.26 s on a 2-core AMD EPYC Zen 4).
     """
     root = Path(root).expanduser().absolute()
     layout = next((lay for lay in _LAYOUTS if _complete(lay, root)), None)
