@@ -160,6 +160,7 @@ class SweepRunCallback(Callback):
     def _start(self, config: DictConfig, output_dir: Path, kind: str) -> None:
         try:
             search = search_settings(config)
+            check_registration(config.mlflow)
             experiment_id = configure(config.mlflow, Path(config.cache_dir))
             check_writable(output_dir)
         except (ConfigError, TrackingError, OutputDirError) as err:
@@ -198,6 +199,15 @@ class SweepRunCallback(Callback):
 
             register_most_accurate(run_id, self._register_as, self._report.max_drop_points)
         log.info("Runs in the MLflow UI (`make ui` for a local store): %s", runs_page(self._experiment_id))
+
+
+def check_registration(settings: DictConfig) -> None:
+    """ConfigError when ``mlflow.register_as`` asks to register a model the runs will not log."""
+    if settings.register_as and not settings.log_models:
+        raise ConfigError(
+            f"mlflow.register_as={settings.register_as} with mlflow.log_models=false: only a logged MLflow "
+            "Model can be registered. Set mlflow.log_models=true, or leave register_as unset."
+        )
 
 
 def write_report_safely(run_id: str, max_drop_points: float) -> None:

@@ -44,6 +44,7 @@ class MlflowConfig:
     tracking_uri: str | None = None
     experiment: str = "resnet8ptq"
     register_as: str | None = None  # register the sweep's most accurate model under this name
+    log_models: bool = True  # each run's model as an MLflow Model (false: the model file as an artifact only)
 
 
 @dataclass
@@ -62,6 +63,7 @@ class Config:
     reduce_range: bool = False  # weights in 7 bits (ORT's reduce_range)
     raised_layers: list[str] = field(default_factory=list)  # layers at 16 bits (mixed precision)
     native_tolerance_points: float = 0.3  # largest |native - reference| accuracy gap tagged `native`
+    layer_analysis: bool = True  # per-layer SQNR of every quantized run (analysis/layer_sqnr.csv, sqnr_*)
     threads: int | None = None
     rerun: bool = False  # run configurations that already have a FINISHED run with the same config_hash
     data: DataConfig = field(default_factory=DataConfig)
@@ -97,6 +99,12 @@ def quant_spec(cfg: DictConfig) -> QuantSpec:
     if cfg.threads is not None and cfg.threads < 1:
         raise ConfigError(
             f"threads={cfg.threads}: expected a positive number of threads, or null (all cores)."
+        )
+    if cfg.target.max_drop_points is not None and not cfg.layer_analysis:
+        raise ConfigError(
+            f"target.max_drop_points={cfg.target.max_drop_points} with layer_analysis=false: the "
+            "mixed-precision steps raise the layers the per-layer analysis ranks worst. "
+            "Set layer_analysis=true."
         )
     try:
         for section in (cfg.algo, cfg.search, cfg.target):  # validated here with the rest, used elsewhere

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from resnet8ptq import drawing, hardware, records
 from resnet8ptq.algorithms import AlgoConfig, prepare
 from resnet8ptq.artifacts import evaluation_files
-from resnet8ptq.backends.base import KERAS_SOURCE, Backend, QuantizedModel, QuantSpec
+from resnet8ptq.backends.base import KERAS_SOURCE, Backend, LayerError, Model, QuantizedModel, QuantSpec
 from resnet8ptq.config import ConfigError, quant_spec
 from resnet8ptq.data import (
     BINARY_DIR,
@@ -104,7 +105,7 @@ def run(cfg: DictConfig, output_dir: Path, extra_tags: Mapping[str, str] | None 
         }
         set_tags(run_id, context)
         inputs = run_inputs(data, cfg.data.calib_per_class, cfg.data.seed)
-        fp32_record = ModelRecord(backend.mlflow_flavor(baseline.model.path), test_images[:2], inputs.fp32)
+        fp32_record = model_record(cfg, backend, baseline.model.path, test_images, inputs.fp32)
         run_tags = tags | context
         records.log_baseline_once(
             experiment_id, backend.NAME, baseline, params, run_tags, output_dir, fp32_record, perf_subset
@@ -135,13 +136,18 @@ def run(cfg: DictConfig, output_dir: Path, extra_tags: Mapping[str, str] | None 
             result.reference, output_dir / "evaluation", run_name, baseline.evaluation
         )
         # The quantizer's own error: against the FP32 model it was given (after the algorithms).
-        given = (
-            baseline.model if not algo.steps else backend.load_fp32(prepared.onnx_path, output_dir / "algo")
-        )
-        layer_errors = backend.layer_errors(given, quantized, calibration_images[:LAYER_ERROR_IMAGES])
+        if cfg.layer_analysis:
+            given = (
+                baseline.model
+                if not algo.steps
+                else backend.load_fp32(prepared.onnx_path, output_dir / "algo")
+            )
+            layer_errors = analyse_layers(backend, given, quantized, calibration_images)
+        else:
+            layer_errors = []
 
         # 5. Log.
-        model = ModelRecord(backend.mlflow_flavor(quantized.path), test_images[:2], inputs.quantized)
+        model = model_record(cfg, backend, quantized.path, test_images, inputs.quantized)
         records.log_quantized(
             run_id,
             run_name,
@@ -158,6 +164,27 @@ def run(cfg: DictConfig, output_dir: Path, extra_tags: Mapping[str, str] | None 
             perf_subset,
         )
     return run_id
+
+
+def analyse_layers(
+    backend: Backend, fp32: Model, quantized: QuantizedModel, calibration_images: np.ndarray
+) -> list[LayerError]:
+    """The backend's per-layer SQNR of ``quantized`` against ``fp32`` on the first LAYER_ERROR_IMAGES
+    calibration images; its seconds become the run's metric ``layer_analysis_seconds``."""
+    start = time.perf_counter()
+    errors = backend.layer_errors(fp32, quantized, calibration_images[:LAYER_ERROR_IMAGES])
+    quantized.metrics["layer_analysis_seconds"] = time.perf_counter() - start
+    return errors
+
+
+def model_record(
+    cfg: DictConfig, backend: Backend, path: Path, test_images: np.ndarray, datasets: dict[str, NumpyDataset]
+) -> ModelRecord:
+    """What logs the model at ``path`` with its datasets: as an MLflow Model (two test images as its input
+    example) unless ``mlflow.log_models=false``, when only the datasets are logged (the model file is an
+    artifact either way)."""
+    flavor = backend.mlflow_flavor(path) if cfg.mlflow.log_models else None
+    return ModelRecord(flavor, test_images[:2], datasets)
 
 
 def check_layers(quantized: QuantizedModel, spec: QuantSpec, graph: onnx.ModelProto) -> dict[str, str]:
@@ -293,7 +320,7 @@ def log_published_once(
                 continue
             tolerance = cfg.native_tolerance_points
             result = evaluate_quantized(published, test_images, test_labels, f"{name} (published)", tolerance)
-            record = ModelRecord(backend.mlflow_flavor(published.path), test_images[:2], inputs.fp32)
+            record = model_record(cfg, backend, published.path, test_images, inputs.fp32)
             records.log_published(
                 experiment_id,
                 name,

@@ -59,7 +59,7 @@ def evaluation_metrics(evaluation: Evaluation, model_path: Path, perf_subset: np
 class ModelRecord:
     """What logs a run's model as an MLflow Model and its datasets as run inputs."""
 
-    flavor: MlflowFlavor
+    flavor: MlflowFlavor | None  # None: no MLflow Model (``mlflow.log_models=false``)
     input_example: np.ndarray
     datasets: Mapping[str, NumpyDataset]  # context -> dataset
 
@@ -67,7 +67,8 @@ class ModelRecord:
         """Datasets as inputs, then the model named ``name`` (linked to the metrics logged before); tag
         ``model_uri``."""
         log_datasets(run_id, self.datasets)
-        set_tags(run_id, {"model_uri": log_model(run_id, name, self.flavor, self.input_example)})
+        if self.flavor is not None:
+            set_tags(run_id, {"model_uri": log_model(run_id, name, self.flavor, self.input_example)})
 
 
 def unquantized(params: Mapping[str, Any], tags: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, str]]:
@@ -170,8 +171,10 @@ def log_quantized(
     (:func:`~resnet8ptq.artifacts.evaluation_files`), layer errors, every layer's precision (``shared``:
     which layer takes which one's quantization), the layers raised to 16 bits, artifacts, the MLflow Model
     and the datasets; what the PTQ algorithms did and their seconds."""
-    layer_files = layer_error_files(layer_errors, output_dir, run_name)  # drawn while the run logs
-    worst = min(layer_errors, key=lambda error: error.sqnr_db)
+    # Drawn while the run logs; none without the analysis (layer_analysis=false).
+    layer_files = layer_error_files(layer_errors, output_dir, run_name) if layer_errors else []
+    worst = min(layer_errors, key=lambda error: error.sqnr_db, default=None)
+    worst_tag = {"sqnr_worst_layer": f"{worst.layer} ({worst.kind}, {worst.sqnr_db:.1f} dB)"} if worst else {}
     raised = raised_in(quantized.layers, cfg.dtype.activation_bits)
     metrics = quantized_metrics(quantized, result, baseline, layer_errors, perf_subset)
     log_metrics(run_id, {**metrics, "algo_seconds": prepared.seconds})
@@ -179,7 +182,7 @@ def log_quantized(
         run_id,
         {
             **read_back_tags(quantized, result),
-            "sqnr_worst_layer": f"{worst.layer} ({worst.kind}, {worst.sqnr_db:.1f} dB)",
+            **worst_tag,
             **({"mixed_precision.raised": ",".join(raised)} if raised else {}),
             **prepared.tags,
         },

@@ -27,6 +27,9 @@ RESULT_KEYS = (
     "native_tolerance_points",
     "data.calib_per_class",
     "data.seed",
+    # Not the accuracy but what the run holds: a run without them is not reused by a sweep that wants them.
+    "layer_analysis",
+    "mlflow.log_models",
 )
 
 
@@ -39,6 +42,8 @@ ADDED_DEFAULTS = {
     "algo.adaround_iterations": "1000",
     "algo.adaround_batch_size": "32",
     "raised_layers": "[]",
+    "layer_analysis": "True",
+    "mlflow.log_models": "True",
 }
 """Settings added after runs were tracked, at the value that gives the earlier result: left out of the hash
 at that value, so the earlier runs keep their config_hash and resumed sweeps still find them."""

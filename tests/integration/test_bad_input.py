@@ -78,6 +78,13 @@ def test_bad_setting_fails_before_anything_starts(
     assert list(tmp_path.iterdir()) == []  # no store, no run directory
 
 
+def test_registering_without_logged_models_fails_before_anything_starts(run_cli, tmp_path: Path) -> None:
+    result = run_cli(tmp_path, "-m", "mlflow.register_as=resnet8-best", "mlflow.log_models=false")
+    message = "ConfigError: mlflow.register_as=resnet8-best with mlflow.log_models=false"
+    failed_cleanly(result, tmp_path, message)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_unreachable_tracking_server_fails_fast(run_cli, tmp_path: Path) -> None:
     uri = f"http://127.0.0.1:{free_port()}"
     start = time.monotonic()

@@ -25,6 +25,9 @@ QUANTIZED_METRICS = {
     "calib_seconds",
     "quantize_seconds",
     "eval_seconds",
+    "layer_analysis_seconds",
+    "sqnr_activation_min_db",
+    "sqnr_weight_min_db",
     *(f"class_acc/{name}" for name in CLASS_NAMES),
 }
 QUANTIZED_TAGS = {
@@ -47,6 +50,8 @@ QUANTIZED_TAGS = {
     "data.verified",
     "model.sha256",
     "config_hash",
+    "model_uri",
+    "sqnr_worst_layer",
 }
 QUANTIZED_ARTIFACTS = {
     "model/model_quantized.onnx",
@@ -56,6 +61,8 @@ QUANTIZED_ARTIFACTS = {
     "evaluation/confusion_matrix.csv",
     "evaluation/class_accuracy.csv",
     "evaluation/class_accuracy.png",
+    "analysis/layer_sqnr.csv",
+    "analysis/layer_sqnr.png",
 }
 DTYPES = {"int8": ("int8", "int8"), "uint8": ("uint8", "uint8"), "u8s8": ("uint8", "int8")}
 
@@ -193,3 +200,26 @@ def test_failed_run_ends_failed_with_the_error(run_cli, tmp_path: Path) -> None:
     assert {r.info.status for r in runs} == {"FAILED"}
     child = next(r for r in runs if r.data.tags.get("quantized") == "true")
     assert "DataError" in child.data.tags["error"] and "/nonexistent/cifar" in child.data.tags["error"]
+
+
+def test_lean_run_skips_the_mlflow_models_and_the_layer_analysis(run_cli, tmp_path: Path) -> None:
+    """`mlflow.log_models=false layer_analysis=false`: the same evaluation, the model file as an artifact and
+    the datasets as inputs, but no MLflow Model (LoggedModel, `model_uri`) and no per-layer SQNR."""
+    result = run_cli(tmp_path, "backend=onnx", "mlflow.log_models=false", "layer_analysis=false")
+    assert result.returncode == 0, result.stderr[-3000:]
+    runs = runs_in(tmp_path)
+    assert {r.info.status for r in runs} == {"FINISHED"}
+    quantized = next(r for r in runs if r.data.tags.get("quantized") == "true")
+    fp32 = next(r for r in runs if r.data.tags.get("quantized") == "false")
+    lean_metrics = {"layer_analysis_seconds", "sqnr_activation_min_db", "sqnr_weight_min_db"}
+    assert quantized.data.metrics.keys() >= QUANTIZED_METRICS - lean_metrics
+    assert not quantized.data.metrics.keys() & lean_metrics
+    assert quantized.data.metrics["accuracy"] == 0.8658  # the default run's figure: the same work
+    for run in (quantized, fp32):
+        assert "model_uri" not in run.data.tags and "sqnr_worst_layer" not in run.data.tags
+        assert {i.dataset.name for i in run.inputs.dataset_inputs} >= {"cifar10-test"}
+    paths = artifact_paths(tmp_path, quantized)
+    assert paths >= QUANTIZED_ARTIFACTS - {"analysis/layer_sqnr.csv", "analysis/layer_sqnr.png"}
+    assert not {p for p in paths if "layer_sqnr" in p}
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    assert client.search_logged_models([quantized.info.experiment_id]) == []

@@ -107,9 +107,10 @@ def test_bad_values_are_rejected(override: str, message: str) -> None:
         (["algo.steps=[rounding]"], r"algo.steps: unknown \['rounding'\]"),
         (["algo.steps=[bias_correction,cle]"], "in the order cle, adaround, bias_correction"),
         (["algo=adaround", "algo.adaround_iterations=0"], "expected positive numbers"),
+        (["target.max_drop_points=0.5", "layer_analysis=false"], "with layer_analysis=false"),
     ],
 )
-def test_bad_algorithms_are_refused_by_name(overrides: list[str], message: str) -> None:
+def test_bad_combinations_are_refused_by_name(overrides: list[str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         quant_spec(composed(*overrides))
 

@@ -39,6 +39,8 @@ def params(*overrides: str) -> dict:
         "data.calib_per_class=10",
         "data.seed=1",
         "raised_layers=[activation_6_1/Relu]",  # mixed precision: each step is its own result
+        "layer_analysis=false",  # what the run holds: a lean run is not reused by a sweep that wants it
+        "mlflow.log_models=false",
     ],
 )
 def test_config_hash_changes_with_what_changes_the_result(override: str) -> None:
@@ -80,6 +82,11 @@ def test_config_hash_changes_with_the_model_and_the_libraries(changed: dict) -> 
 def test_config_hash_of_8_bit_runs_is_the_one_before_bit_widths_existed() -> None:
     """Runs tracked before `dtype.*_bits` existed are found again by a resumed sweep."""
     before = {k: v for k, v in params().items() if not k.endswith("_bits")}
+    assert config_hash(before, IDENTITY) == config_hash(params(), IDENTITY)
+
+
+def test_config_hash_of_runs_that_log_everything_is_the_one_before_the_switches_existed() -> None:
+    before = {k: v for k, v in params().items() if k not in ("layer_analysis", "mlflow.log_models")}
     assert config_hash(before, IDENTITY) == config_hash(params(), IDENTITY)
 
 
