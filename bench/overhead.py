@@ -2,9 +2,11 @@
 against bench/bare_sweep.py doing the same quantize + evaluate work, as ratios, from one invocation.
 
 Usage: RESNET8PTQ_ASSETS=../shared python bench/overhead.py [--repeat N]
+The headline sweep is also measured lean (`mlflow.log_models=false layer_analysis=false`: no MLflow Model per
+run and no per-layer SQNR; the same quantize + evaluate work), to show what those two cost.
 Every command runs in its own process (imports included), the tool in a new directory (a new MLflow store),
 with the canonical model converted and the torch programs compiled once before (warm caches). The headline
-sweep's three commands run N times (default 3), interleaved, since the same command's time moves by 10-20%
+sweep's five commands run N times (default 3), interleaved, since the same command's time moves by 10-20%
 from one run to the next on a shared 2-core VM: the ratios are of the medians, with the spread of the ratios
 of each round. Printed:
 - tool / bare wall-clock, for the headline sweep and the 18-run ORT sweep (target <= 1.2);
@@ -27,6 +29,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 HEADLINE = ["backend=onnx,torch", "dtype=int8,uint8"]
+LEAN = ["mlflow.log_models=false", "layer_analysis=false"]
 ORT_GRID = [
     "backend=onnx",
     "dtype=int8,uint8,u8s8",
@@ -64,17 +67,19 @@ def main(repeat: int) -> None:
     # Converts and caches the model, and fills inductor's compile cache for the torch programs of the headline
     # sweep: every measured command then starts from the same warm caches (else the first one pays for them).
     tool(Path(warm_up), *HEADLINE, "report.enabled=false")
-    cold, warm, walls, works, fp32, simulated = [], [], [], [], [], []
+    cold, warm, lean_cold, lean_warm, walls, works, fp32, simulated = [], [], [], [], [], [], [], []
     for _ in range(repeat):
-        with tempfile.TemporaryDirectory(prefix="bench-") as headline:
-            cold.append(tool(Path(headline), *HEADLINE))
-            warm.append(tool(Path(headline), *HEADLINE, "rerun=true"))
+        for settings, cold_times, warm_times in (([], cold, warm), (LEAN, lean_cold, lean_warm)):
+            with tempfile.TemporaryDirectory(prefix="bench-") as headline:
+                cold_times.append(tool(Path(headline), *HEADLINE, *settings))
+                warm_times.append(tool(Path(headline), *HEADLINE, *settings, "rerun=true"))
         wall, work, output = bare(*HEADLINE)
         walls.append(wall)
         works.append(work)
         print(
-            f"round {len(walls)}: headline tool {cold[-1]:.1f} s, warm {warm[-1]:.1f} s; bare {wall:.1f} s "
-            f"(quantize + evaluate {work:.1f} s)",
+            f"round {len(walls)}: headline tool {cold[-1]:.1f} s, warm {warm[-1]:.1f} s; "
+            f"lean {lean_cold[-1]:.1f} s, warm {lean_warm[-1]:.1f} s; "
+            f"bare {wall:.1f} s (quantize + evaluate {work:.1f} s)",
             flush=True,
         )
         fp32 += throughput(output, r"torch fp32: [\d.]+")
@@ -86,6 +91,8 @@ def main(repeat: int) -> None:
         ("headline sweep: tool / bare script (wall)", cold, walls, 1.2),
         ("18-run ORT sweep: tool / bare script (wall)", [grid_tool], [grid_bare], 1.2),
         ("warm headline sweep (rerun=true) / bare quantize + evaluate", warm, works, 1.3),
+        ("lean headline sweep: tool / bare script (wall)", lean_cold, walls, 1.2),
+        ("lean warm headline sweep / bare quantize + evaluate", lean_warm, works, 1.3),
     ]
     print(f"CPU: {cpu()}; headline rounds: {repeat}, ORT sweep: 1")
     print(f"{'what':<62} {'tool s':>8} {'bare s':>8} {'ratio':>6}  {'rounds':>11}  target")
