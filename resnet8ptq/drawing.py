@@ -9,9 +9,10 @@ hands its charts over as soon as it has their data (:func:`draw`) and collects t
 worker starts with a process's first run (:func:`start`), importing matplotlib while the run sets up, and a
 run waits for it to be up before it times anything (:func:`wait_started`).
 
-Without the worker (a report written on its own, a worker that died or could not start) a chart is drawn in
-the calling process when its file is collected: the figures never depend on the worker, and only then is
-matplotlib imported there.
+Without the worker (a report written on its own, a worker that died, hung or could not start) a chart is drawn
+in the calling process when its file is collected: the figures never depend on the worker, and only then is
+matplotlib imported there. A worker that has not drawn a chart after CHART_TIMEOUT_S is taken as hung and
+killed (a killed worker breaks the pool, so every later chart is drawn in the calling process too).
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ import atexit
 import contextlib
 import logging
 import multiprocessing
+import os
+import signal
 from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -29,7 +32,10 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 _worker: ProcessPoolExecutor | None = None
-_started: Future[None] | None = None
+_started: Future[int] | None = None  # the warm-up: its result is the worker's pid
+
+CHART_TIMEOUT_S = 120.0
+"""How long a run waits for one chart from the worker (a chart takes about 0.1 s)."""
 
 
 @dataclass(frozen=True)
@@ -44,9 +50,16 @@ class Drawing:
         """The chart's file, once drawn (in this process if the worker could not draw it)."""
         if self.future is not None:
             try:
-                return self.future.result()
+                return self.future.result(timeout=CHART_TIMEOUT_S)
             except BrokenProcessPool:
                 log.warning("The chart-drawing process stopped; drawing %s here", self.chart.__name__)
+            except TimeoutError:
+                log.warning(
+                    "The chart-drawing process did not draw %s in %.0f s; stopping it and drawing here",
+                    self.chart.__name__,
+                    CHART_TIMEOUT_S,
+                )
+                _kill_worker()
         return self.chart(*self.args)
 
 
@@ -87,6 +100,13 @@ def draw(chart: Callable[..., Path], *args: object) -> Drawing:
     return Drawing(chart, args, future)
 
 
+def _kill_worker() -> None:
+    """Kill the worker process (it hangs): its pool breaks, so nothing waits for it, at exit either."""
+    if _started is not None and _started.done() and _started.exception() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(_started.result(), signal.SIGKILL)
+
+
 def stop() -> None:
     """Stop the drawing process (charts handed over are drawn first)."""
     global _worker, _started
@@ -95,10 +115,12 @@ def stop() -> None:
     _worker = _started = None
 
 
-def _warm_up() -> None:
+def _warm_up() -> int:
     """matplotlib's fonts, and the report's chart module with pandas (its charts take DataFrames): imported
-    now, while the run sets up, they would otherwise be imported while the sweep waits for its report."""
+    now, while the run sets up, they would otherwise be imported while the sweep waits for its report.
+    Returns the worker's pid."""
     import resnet8ptq.report.figures  # noqa: F401
     from resnet8ptq.plots import warm_up
 
     warm_up()
+    return os.getpid()

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from concurrent.futures import Future
 from pathlib import Path
 
@@ -53,6 +54,27 @@ def test_when_the_worker_dies_the_run_draws_its_charts_itself(tmp_path: Path) ->
     pending = drawing.draw(confusion_matrix_png, MATRIX, CLASS_NAMES, tmp_path / "c.png", "t")
     assert pending.path().stat().st_size > 0
     assert drawing.draw(os.getpid).path() == os.getpid()  # and so does every later chart
+
+
+def _hang_in_worker(run_pid: int) -> int:
+    """A chart that never finishes in the worker, and returns at once in the run's process."""
+    if os.getpid() != run_pid:
+        time.sleep(3600)
+    return os.getpid()
+
+
+def test_a_hung_worker_is_killed_and_the_run_draws_its_charts_itself(monkeypatch: pytest.MonkeyPatch) -> None:
+    worker = _worker_pid()
+    monkeypatch.setattr(drawing, "CHART_TIMEOUT_S", 1.0)
+    start = time.monotonic()
+    assert drawing.draw(_hang_in_worker, os.getpid()).path() == os.getpid()
+    assert time.monotonic() - start < 30
+    with pytest.raises(ProcessLookupError):  # killed (and reaped by the pool)
+        for _ in range(100):
+            os.kill(worker, 0)
+            time.sleep(0.1)
+    assert drawing.draw(os.getpid).path() == os.getpid()  # and so is every later chart
+    drawing.stop()  # returns: nothing waits for the hung chart
 
 
 def test_without_the_worker_charts_are_drawn_here() -> None:
