@@ -55,7 +55,9 @@ def test_experiment_opens_on_its_runs(sweeps: Sweeps) -> None:
     assert link in sweeps.first_log, "the sweep prints where the UI shows its runs"
 
 
-def test_every_run_logs_a_model_that_predicts_what_the_run_measured(sweeps: Sweeps, test_images) -> None:
+def test_every_run_logs_a_model_that_predicts_what_the_run_measured(
+    sweeps: Sweeps, test_images, recwarn: pytest.WarningsRecorder
+) -> None:
     """ONNX models load as mlflow.onnx pyfuncs, which run ORT with all optimisations, and .tflite models as
     pyfuncs on LiteRT's default kernels: the runtime form, so they reproduce `accuracy_native` where integer
     kernels ran. The .pt2 pyfunc runs the program eagerly: the reference semantics, `accuracy`. The model
@@ -74,6 +76,9 @@ def test_every_run_logs_a_model_that_predicts_what_the_run_measured(sweeps: Swee
         assert logged.source_run_id == run.info.run_id and logged.name == run.info.run_name
         assert {m.key: m.value for m in logged.metrics}["accuracy"] == metrics["accuracy"]
         assert model.metadata.get_input_schema().inputs[0].shape == (-1, 32, 32, 3)
+    # The pyfuncs' predict takes np.ndarray (a type hint MLflow documents as "no schema inference"): MLflow
+    # does not warn, on loading them, that type hints are missing.
+    assert not [w for w in recwarn if "Add type hints" in str(w.message)]
 
 
 def test_onnx_model_serves_over_http(sweeps: Sweeps, test_images, tmp_path: Path) -> None:

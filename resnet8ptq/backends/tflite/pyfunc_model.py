@@ -17,7 +17,7 @@ class TFLiteModel(mlflow.pyfunc.PythonModel):
 
         self.runner = TFLiteRunner(context.artifacts["model"])
 
-    def predict(self, context, model_input, params=None) -> np.ndarray:
+    def predict(self, context, model_input: np.ndarray, params=None) -> np.ndarray:
         return self.runner(np.asarray(model_input, dtype=np.float32))
 
 

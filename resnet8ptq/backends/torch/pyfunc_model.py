@@ -20,7 +20,7 @@ class ExportedProgramModel(mlflow.pyfunc.PythonModel):
 
         self.module = torch.export.load(context.artifacts["program"]).module()
 
-    def predict(self, context, model_input, params=None) -> np.ndarray:
+    def predict(self, context, model_input: np.ndarray, params=None) -> np.ndarray:
         import torch
 
         images = np.ascontiguousarray(model_input, dtype=np.float32)
