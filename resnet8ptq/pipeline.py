@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from resnet8ptq import drawing, hardware, records
 from resnet8ptq.algorithms import AlgoConfig, prepare
 from resnet8ptq.artifacts import evaluation_files
-from resnet8ptq.backends.base import KERAS_SOURCE, Backend, LayerError, Model, QuantizedModel, QuantSpec
+from resnet8ptq.backends.base import KERAS_SOURCE, Backend, LayerError, QuantizedModel, QuantSpec
 from resnet8ptq.config import ConfigError, quant_spec
 from resnet8ptq.data import (
     BINARY_DIR,
@@ -135,16 +135,17 @@ def run(cfg: DictConfig, output_dir: Path, extra_tags: Mapping[str, str] | None 
         evaluation = evaluation_files(
             result.reference, output_dir / "evaluation", run_name, baseline.evaluation
         )
-        # The quantizer's own error: against the FP32 model it was given (after the algorithms).
+        # The quantizer's own error: against the FP32 model it was given (after the algorithms), timed.
+        layer_errors: list[LayerError] = []
         if cfg.layer_analysis:
+            start = time.perf_counter()
             given = (
                 baseline.model
                 if not algo.steps
                 else backend.load_fp32(prepared.onnx_path, output_dir / "algo")
             )
-            layer_errors = analyse_layers(backend, given, quantized, calibration_images)
-        else:
-            layer_errors = []
+            layer_errors = backend.layer_errors(given, quantized, calibration_images[:LAYER_ERROR_IMAGES])
+            quantized.metrics["layer_analysis_seconds"] = time.perf_counter() - start
 
         # 5. Log.
         model = model_record(cfg, backend, quantized.path, test_images, inputs.quantized)
@@ -164,17 +165,6 @@ def run(cfg: DictConfig, output_dir: Path, extra_tags: Mapping[str, str] | None 
             perf_subset,
         )
     return run_id
-
-
-def analyse_layers(
-    backend: Backend, fp32: Model, quantized: QuantizedModel, calibration_images: np.ndarray
-) -> list[LayerError]:
-    """The backend's per-layer SQNR of ``quantized`` against ``fp32`` on the first LAYER_ERROR_IMAGES
-    calibration images; its seconds become the run's metric ``layer_analysis_seconds``."""
-    start = time.perf_counter()
-    errors = backend.layer_errors(fp32, quantized, calibration_images[:LAYER_ERROR_IMAGES])
-    quantized.metrics["layer_analysis_seconds"] = time.perf_counter() - start
-    return errors
 
 
 def model_record(
