@@ -46,9 +46,10 @@ bench: $(PROJECT)  ## benchmark figures (prints them)
 	$(BIN)/python bench/overhead.py
 	$(BIN)/python bench/sweeps.py
 
+# MLflow's usage telemetry off unless MLFLOW_DISABLE_TELEMETRY is set (the package does the same in Python).
 ui: $(PROJECT)  ## MLflow UI for the runs tracked in this directory (mlflow.db + mlruns/)
 	@echo "Runs table: http://$(HOST):$(PORT)/#/experiments?workflowType=machine_learning (then the experiment)"
-	$(BIN)/mlflow ui --host $(HOST) --port $(PORT)
+	MLFLOW_DISABLE_TELEMETRY=$${MLFLOW_DISABLE_TELEMETRY:-true} $(BIN)/mlflow ui --host $(HOST) --port $(PORT)
 
 lock:  ## regenerate requirements.lock from pyproject.toml in a scratch venv
 	rm -rf .lock-venv && $(PYTHON) -m venv .lock-venv
