@@ -5,7 +5,7 @@ every layer's precision, named as the canonical ONNX model names its layers."""
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -53,6 +53,7 @@ class TFLiteModel:
     ops: list[tuple[str, list[int], list[int]]]
     tensors: list[Tensor]
     inputs: list[int]
+    options: list[object] = field(default_factory=list)  # each op's builtin options (schema's *OptionsT)
 
     @property
     def weights(self) -> list[Tensor]:
@@ -74,11 +75,12 @@ def read(path: Path) -> TFLiteModel:
     """The main subgraph of the .tflite file at ``path``."""
     model = schema.ModelT.InitFromPackedBuf(Path(path).read_bytes(), 0)
     graph = model.subgraphs[0]
-    ops = []
+    ops, options = [], []
     for op in graph.operators:
         code = model.operatorCodes[op.opcodeIndex]
         name = OP_NAMES[max(code.builtinCode, code.deprecatedBuiltinCode)]
         ops.append((name, [int(i) for i in op.inputs], [int(i) for i in op.outputs]))
+        options.append(op.builtinOptions)
     tensors = []
     for index, tensor in enumerate(graph.tensors):
         dtype = TYPE_NAMES[tensor.type]
@@ -101,7 +103,7 @@ def read(path: Path) -> TFLiteModel:
                 values=values,
             )
         )
-    return TFLiteModel(ops, tensors, [int(i) for i in graph.inputs])
+    return TFLiteModel(ops, tensors, [int(i) for i in graph.inputs], options)
 
 
 def _field(quantization: object, name: str, default: object) -> object:

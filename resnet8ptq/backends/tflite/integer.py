@@ -1,0 +1,172 @@
+"""A fully-integer .tflite model as the device's integer description (:mod:`resnet8ptq.device.graph`).
+
+TFLite stores the integers already: int8 weights (per-channel scales, zero point 0), int32 biases, int8
+activations with scale and zero point. What this adds is what TFLite's kernels derive at ``Prepare``: the
+requantization multipliers and shifts (``PopulateConvolutionQuantizationParams`` for CONV_2D,
+``GetQuantizedConvolutionMultipler`` for FULLY_CONNECTED, ``PrepareGeneralSubOp`` for ADD), the SAME padding
+(``ComputePaddingHeightWidth``) and the fused ReLU's clamp. Checked bit for bit against LiteRT's reference
+kernels (tests/integration/test_device.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from ai_edge_litert import schema_py_generated as schema
+
+from resnet8ptq.backends.tflite.flatbuffer import TFLiteModel, Tensor, read, tflite_layer_name
+from resnet8ptq.device.graph import (
+    Add,
+    AveragePool,
+    Conv,
+    IntegerModel,
+    Layer,
+    Quant,
+    add_requantization,
+    conv_requantization,
+)
+
+FUSED = {
+    schema.ActivationFunctionType.NONE: False,
+    schema.ActivationFunctionType.RELU: True,
+}
+PASS_THROUGH = {"RESHAPE", "SQUEEZE"}  # the flatten before the dense layer: no arithmetic
+AFTER_LOGITS = {"SOFTMAX", "DEQUANTIZE"}  # the host's part: the logits' argmax is the prediction
+
+
+class NotInteger(ValueError):
+    """The .tflite model holds an op or type the integer description does not cover."""
+
+
+def quant(tensor: Tensor) -> Quant:
+    """A quantized activation tensor's scale, zero point and integer range."""
+    if tensor.dtype not in ("int8", "uint8") or len(tensor.scales) != 1:
+        raise NotInteger(
+            f"tensor {tensor.name!r} is {tensor.dtype} with {len(tensor.scales)} scales: the integer executor "
+            f"covers 8-bit activations quantized per tensor (16x8 models are not covered yet)."
+        )
+    info = np.iinfo(tensor.dtype)
+    return Quant(float(tensor.scales[0]), int(tensor.zero_points[0]), int(info.min), int(info.max))
+
+
+def fused_relu(options: object, op: str) -> bool:
+    activation = getattr(options, "fusedActivationFunction", schema.ActivationFunctionType.NONE)
+    if activation not in FUSED:
+        raise NotInteger(f"{op} with fused activation {activation}: only none and RELU are covered.")
+    return FUSED[activation]
+
+
+def same_padding(size: int, kernel: int, stride: int) -> tuple[int, int]:
+    """TFLite's SAME padding (before, after): the odd pixel goes after."""
+    out = -(-size // stride)
+    total = max((out - 1) * stride + kernel - size, 0)
+    return total // 2, total - total // 2
+
+
+def conv(model: TFLiteModel, op: str, inputs: list[int], output: int, options: object) -> Conv:
+    """CONV_2D (weight OHWI) or FULLY_CONNECTED (weight OI) with its requantization."""
+    x, w, b = (model.tensors[i] for i in inputs[:3])
+    y = model.tensors[output]
+    q_in, q_out = quant(x), quant(y)
+    dense = op == "FULLY_CONNECTED"
+    weight = w.values.astype(np.int32)
+    weight = weight[:, :, None, None] if dense else weight.transpose(0, 3, 1, 2)
+    channels = len(weight)
+    weight_scale = np.broadcast_to(w.scales.astype(np.float32), (channels,)).copy()
+    multiplier, shift = conv_requantization(q_in.scale, weight_scale, q_out.scale)
+    if dense:
+        stride, padding = (1, 1), (0, 0, 0, 0)
+    else:
+        stride = (options.strideH, options.strideW)
+        if (options.dilationHFactor, options.dilationWFactor) != (1, 1):
+            raise NotInteger(f"{y.name}: dilated convolutions are not covered.")
+        padding = (0, 0, 0, 0)
+        if options.padding == schema.Padding.SAME:
+            padding = (
+                *same_padding(x.shape[1], weight.shape[2], stride[0]),
+                *same_padding(x.shape[2], weight.shape[3], stride[1]),
+            )
+    bias = b.values.astype(np.int32) if b is not None and b.values is not None else np.zeros(channels, np.int32)
+    return Conv(
+        name=tflite_layer_name(model, output),
+        input=str(inputs[0]),
+        output=str(output),
+        weight=weight,
+        weight_zero_point=np.broadcast_to(w.zero_points.astype(np.int32), (channels,)).copy(),
+        weight_scale=weight_scale,
+        bias=bias,
+        stride=stride,
+        padding=padding,
+        input_quant=q_in,
+        output_quant=q_out,
+        multiplier=multiplier,
+        shift=shift,
+        act_min=q_out.clamp_min(fused_relu(options, op)),
+        act_max=q_out.qmax,
+        dense=dense,
+        rounding="single" if dense else "double",  # as LiteRT's reference kernels round (checked in tests)
+    )
+
+
+def add(model: TFLiteModel, inputs: list[int], output: int, options: object) -> Add:
+    quants = (quant(model.tensors[inputs[0]]), quant(model.tensors[inputs[1]]))
+    q_out = quant(model.tensors[output])
+    multipliers, shifts, out_multiplier, out_shift = add_requantization(
+        (quants[0].scale, quants[1].scale), q_out.scale
+    )
+    return Add(
+        name=tflite_layer_name(model, output),
+        inputs=(str(inputs[0]), str(inputs[1])),
+        output=str(output),
+        input_quants=quants,
+        output_quant=q_out,
+        left_shift=20,
+        input_multipliers=multipliers,
+        input_shifts=shifts,
+        output_multiplier=out_multiplier,
+        output_shift=out_shift,
+        act_min=q_out.clamp_min(fused_relu(options, "ADD")),
+        act_max=q_out.qmax,
+    )
+
+
+def average_pool(model: TFLiteModel, inputs: list[int], output: int, options: object) -> AveragePool:
+    x, y = model.tensors[inputs[0]], model.tensors[output]
+    if (options.filterHeight, options.filterWidth) != tuple(x.shape[1:3]) or fused_relu(options, "POOL"):
+        raise NotInteger(f"{y.name}: only a global average pool (the window is the whole input) is covered.")
+    q_in, q_out = quant(x), quant(y)
+    if (q_in.scale, q_in.zero_point) != (q_out.scale, q_out.zero_point):
+        raise NotInteger(f"{y.name}: TFLite's int8 AVERAGE_POOL_2D needs equal input and output quantization.")
+    return AveragePool(tflite_layer_name(model, output), str(inputs[0]), str(output), q_in, q_out, True)
+
+
+def integer_model(path: Path) -> IntegerModel:
+    """The integer description of the fully-integer .tflite file at ``path`` (int8 activations)."""
+    model = read(path)
+    input_index = model.inputs[0]
+    layers: list[Layer] = []
+    alias: dict[int, int] = {}  # tensors that are another tensor (the flatten's output)
+    for (op, inputs, outputs), options in zip(model.ops, model.options, strict=True):
+        inputs = [alias.get(i, i) for i in inputs]
+        if op == "QUANTIZE" and inputs[0] == input_index:
+            input_index = outputs[0]  # the float input's quantization: done by quantize_input
+        elif op in ("CONV_2D", "FULLY_CONNECTED"):
+            layers.append(conv(model, op, inputs, outputs[0], options))
+        elif op == "ADD":
+            layers.append(add(model, inputs, outputs[0], options))
+        elif op == "AVERAGE_POOL_2D":
+            layers.append(average_pool(model, inputs, outputs[0], options))
+        elif op in PASS_THROUGH:
+            alias[outputs[0]] = inputs[0]
+        elif op in AFTER_LOGITS:
+            continue
+        else:
+            raise NotInteger(f"{Path(path).name}: op {op} is not covered by the integer executor.")
+    return IntegerModel(
+        source="tflite",
+        input=str(input_index),
+        input_quant=quant(model.tensors[input_index]),
+        input_rounding="half_away_from_zero",
+        layers=layers,
+    )

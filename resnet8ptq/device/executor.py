@@ -1,0 +1,238 @@
+"""Run an :class:`~resnet8ptq.device.graph.IntegerModel` on integers only, vectorized in torch.
+
+Every tensor between layers holds int8/uint8 values (NCHW). They are stored as float32, which holds such
+integers exactly, so that convolutions run on torch's fast float kernels: a sum of integer products is exact
+in floating point while every partial sum stays below 2^24 (float32) or 2^53 (float64), and
+:func:`exact_dtype` picks the type from each layer's worst case. Convolutions and dense layers hand their
+centred integer input to an :class:`Arithmetic` (the device: :class:`Ideal` here, the compute-in-memory model
+in :mod:`.cim`), which returns the integer accumulators; requantization, adds and pooling are the fixed-point
+integer operations of TFLite's reference kernels (:mod:`.fixed_point`), bit for bit
+(:func:`requantize_exact`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.nn.functional as F  # noqa: N812 (torch's convention)
+
+from resnet8ptq.device.fixed_point import ROUNDINGS, effective_scale, multiply_by_quantized_multiplier
+from resnet8ptq.device.graph import Add, AveragePool, Conv, IntegerModel, Layer
+
+EXACT_FLOAT32 = 2**24
+"""Integers up to 2^24 are exact in float32: a sum whose every partial sum stays below it is exact."""
+
+
+class Arithmetic:
+    """How a device computes a conv/dense layer's accumulators from its centred integer input."""
+
+    def accumulate(self, layer: Conv, x: torch.Tensor) -> torch.Tensor:
+        """acc = Σ (x - x_zp)(w - w_zp) over each output's C_in·kh·kw terms, bias not included, as an
+        integer-valued float tensor (N, O, H', W'). ``x`` is x - x_zp, integer-valued float32 (N, C, H, W)."""
+        raise NotImplementedError
+
+
+def exact_dtype(weight: np.ndarray, input_bound: int, extra: int = 0) -> torch.dtype:
+    """float32 when no partial sum of any output can reach 2^24 (Σ|w| · max|x| + ``extra`` below it, so every
+    order of summation is exact), else float64."""
+    largest = int(np.abs(weight.astype(np.int64)).reshape(len(weight), -1).sum(axis=1).max()) * input_bound
+    return torch.float32 if largest + extra < EXACT_FLOAT32 else torch.float64
+
+
+def float_conv(layer: Conv, x: torch.Tensor, weight: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+    """The integer convolution of ``x`` (centred) with integer ``weight`` (O, I, kh, kw), in ``dtype`` (exact:
+    :func:`exact_dtype`); zero padding, as the centred input's zero point is 0."""
+    top, bottom, left, right = layer.padding
+    padded = F.pad(x.to(dtype), (left, right, top, bottom))
+    return F.conv2d(padded, torch.from_numpy(np.ascontiguousarray(weight)).to(dtype), stride=layer.stride)
+
+
+def input_bound(layer: Conv) -> int:
+    """The largest |x - x_zp| the layer's input type allows."""
+    q = layer.input_quant
+    return max(q.qmax - q.zero_point, q.zero_point - q.qmin)
+
+
+class Ideal(Arithmetic):
+    """The ideal integer device: exact accumulators (int32 is never exceeded by this network's sums)."""
+
+    def accumulate(self, layer: Conv, x: torch.Tensor) -> torch.Tensor:
+        weight = layer.centered_weight
+        dtype = exact_dtype(weight, input_bound(layer), int(np.abs(layer.bias).max()))
+        return float_conv(layer, x, weight, dtype)
+
+
+def per_channel(values: np.ndarray, dtype: torch.dtype = torch.int64) -> torch.Tensor:
+    """(O,) parameters shaped to broadcast over NCHW."""
+    return torch.from_numpy(np.asarray(values)).to(dtype).reshape(1, -1, 1, 1)
+
+
+def requantize_exact(
+    acc: torch.Tensor,
+    multiplier: np.ndarray,
+    shift: np.ndarray,
+    zero_point: int,
+    low: int,
+    high: int,
+    rounding: str = "double",
+) -> torch.Tensor:
+    """clamp(MBQM(acc, multiplier, shift) + zero_point, low, high) per channel (dim 1), bit for bit, fast.
+
+    ``acc`` is an integer-valued float tensor. The result is rounded in floating point from v = acc · scale,
+    which equals TFLite's fixed-point result except where v lies near a half-integer: within the float error
+    (|v| · 2^-23 in float32, and only |v| below ``2 · (high - low)`` matters: beyond it the clamp decides), and
+    for the ``double`` rounding within 2^-(right shift + 1), where the first rounding can carry it across.
+    Those few values are recomputed with the exact int64 arithmetic
+    (:data:`~resnet8ptq.device.fixed_point.ROUNDINGS`)."""
+    multiplier = np.broadcast_to(np.asarray(multiplier, np.int64), (acc.shape[1],))
+    shift = np.broadcast_to(np.asarray(shift, np.int64), (acc.shape[1],))
+    dtype = acc.dtype
+    relevant = 2.0 * (high - low + abs(zero_point)) + 2
+    band = np.full(len(shift), relevant * 2.0 ** (-22 if dtype == torch.float32 else -50))
+    if rounding == "double":
+        band += np.exp2(-(np.maximum(-shift, 0) + 1.0))
+    estimate = acc * per_channel(effective_scale(multiplier, shift), dtype)
+    rounded = torch.round(estimate)
+    estimate -= rounded  # now the rounding's residual, in [-0.5, 0.5]
+    uncertain = estimate.abs_() >= per_channel(0.5 - band, dtype)
+    if bool(uncertain.any()):
+        index = uncertain.nonzero(as_tuple=True)
+        channel = index[1]
+        exact = ROUNDINGS[rounding](
+            acc[index].to(torch.int64),
+            torch.from_numpy(multiplier.copy())[channel],
+            torch.from_numpy(shift.copy())[channel],
+        )
+        rounded[index] = exact.to(dtype)
+    return (rounded + zero_point).clamp_(low, high).to(torch.float32)
+
+
+def requantize(layer: Conv, acc: torch.Tensor) -> torch.Tensor:
+    """The accumulator (bias included) requantized to the output type: MBQM + zero point, clamped."""
+    return requantize_exact(
+        acc,
+        layer.multiplier,
+        layer.shift,
+        layer.output_quant.zero_point,
+        layer.act_min,
+        layer.act_max,
+        layer.rounding,
+    )
+
+
+def add(layer: Add, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """TFLite's integer add (reference ``AddElementwise``): each input's rescaling is a table over its 256
+    integer values, their sum (int64, exact in float64) requantized to the output."""
+    total = torch.zeros((), dtype=torch.float64)
+    for x, q, multiplier, shift in zip(
+        (a, b), layer.input_quants, layer.input_multipliers, layer.input_shifts, strict=True
+    ):
+        values = np.arange(q.qmin, q.qmax + 1, dtype=np.int64)
+        table = multiply_by_quantized_multiplier((values - q.zero_point) << layer.left_shift, multiplier, shift)
+        total = total + torch.from_numpy(table.astype(np.float64))[(x - q.qmin).to(torch.int64)]
+    return requantize_exact(
+        total,
+        np.array([layer.output_multiplier]),
+        np.array([layer.output_shift]),
+        layer.output_quant.zero_point,
+        layer.act_min,
+        layer.act_max,
+    )
+
+
+def average_pool(layer: AveragePool, x: torch.Tensor) -> torch.Tensor:
+    """Global average pool: TFLite's rounded integer division of the window sum, or the sum requantized."""
+    count = x.shape[2] * x.shape[3]
+    q_in, q_out = layer.input_quant, layer.output_quant
+    if layer.rounding_divide:
+        total = x.to(torch.int64).sum(dim=(2, 3), keepdim=True)
+        magnitude = (total.abs() + count // 2) // count  # C's (acc ± count/2) / count, toward zero
+        out = torch.where(total >= 0, magnitude, -magnitude)
+        return out.clamp(q_out.qmin, q_out.qmax).to(torch.float32)
+    total = (x.to(torch.float64) - q_in.zero_point).sum(dim=(2, 3), keepdim=True)
+    return requantize_exact(
+        total, np.array([layer.multiplier]), np.array([layer.shift]), q_out.zero_point, q_out.qmin, q_out.qmax
+    )
+
+
+def quantize_input(model: IntegerModel, images: np.ndarray) -> torch.Tensor:
+    """NHWC float32 images as the model's quantized input, NCHW (integer values in float32): x / scale in float32, rounded as the
+    source runtime rounds (TFLite: half away from zero; ONNX/torch QuantizeLinear: half to even)."""
+    q = model.input_quant
+    scaled = torch.from_numpy(np.ascontiguousarray(images, np.float32)).permute(0, 3, 1, 2) / np.float32(q.scale)
+    if model.input_rounding == "half_away_from_zero":
+        rounded = torch.sign(scaled) * torch.floor(scaled.abs() + 0.5)
+    else:
+        rounded = torch.round(scaled)  # half to even
+    return (rounded + q.zero_point).clamp_(q.qmin, q.qmax)
+
+
+@dataclass
+class Trace:
+    """What :func:`execute` keeps besides the logits: every layer's output and the conv/dense accumulators
+    (bias included), for the first images of the batch."""
+
+    outputs: dict[str, torch.Tensor] = field(default_factory=dict)
+    accumulators: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+def run_layer(layer: Layer, tensors: dict[str, torch.Tensor], arithmetic: Arithmetic) -> torch.Tensor:
+    """One layer's int output from the tensors computed so far; accumulators go to ``tensors['acc:'+name]``."""
+    if isinstance(layer, Conv):
+        x = tensors[layer.input]
+        if layer.dense and x.dim() == 4:
+            if x.shape[2:] != (1, 1):
+                raise ValueError(f"{layer.name}: a dense layer needs a 1x1 input, got {tuple(x.shape)}.")
+        elif layer.dense:
+            x = x.reshape(*x.shape, 1, 1)
+        acc = arithmetic.accumulate(layer, x - layer.input_quant.zero_point)
+        acc += per_channel(layer.bias, acc.dtype)
+        tensors["acc:" + layer.name] = acc
+        return requantize(layer, acc)
+    if isinstance(layer, Add):
+        return add(layer, tensors[layer.inputs[0]], tensors[layer.inputs[1]])
+    if isinstance(layer, AveragePool):
+        return average_pool(layer, tensors[layer.input])
+    raise TypeError(f"Unknown layer {layer!r}")
+
+
+def execute(
+    model: IntegerModel,
+    images: np.ndarray,
+    arithmetic: Arithmetic | None = None,
+    batch_size: int = 500,
+    trace_images: int = 0,
+    progress: Callable[[int], None] | None = None,
+) -> tuple[np.ndarray, Trace]:
+    """The model's int logits (N, classes) for NHWC float32 ``images`` on ``arithmetic`` (default
+    :class:`Ideal`), batch by batch; with ``trace_images``, every layer's output and accumulators for the
+    first that many images. ``progress`` is called with each batch's size."""
+    arithmetic = arithmetic or Ideal()
+    if trace_images > batch_size:
+        raise ValueError(f"trace_images={trace_images} must fit in one batch ({batch_size}).")
+    logits, trace = [], Trace()
+    with torch.inference_mode():
+        for start in range(0, len(images), batch_size):
+            tensors = {model.input: quantize_input(model, images[start : start + batch_size])}
+            for layer in model.layers:
+                tensors[layer.output] = run_layer(layer, tensors, arithmetic)
+            keep = trace_images - start
+            if keep > 0:
+                for layer in model.layers:
+                    trace.outputs.setdefault(model.input, tensors[model.input][:keep].to(torch.int64))
+                    trace.outputs[layer.output] = tensors[layer.output][:keep].to(torch.int64)
+                    if isinstance(layer, Conv):
+                        trace.accumulators[layer.name] = tensors["acc:" + layer.name][:keep].to(torch.int64)
+            logits.append(tensors[model.output].reshape(len(tensors[model.output]), -1).to(torch.int64).numpy())
+            if progress:
+                progress(len(tensors[model.output]))
+    return np.concatenate(logits), trace
+
+
+def predictions(logits: np.ndarray) -> np.ndarray:
+    """The predicted class of each image: the argmax of the integer logits, the first class on a tie."""
+    return logits.argmax(axis=1)
+

@@ -1,0 +1,156 @@
+"""One integer description of a quantized network, whichever toolchain made it.
+
+Every layer is what integer hardware computes: int8 (or uint8) activations with a scale and zero point,
+integer weights with per-channel zero points, an int32 bias, an integer accumulator, and a requantization to
+the output type as a fixed-point multiplier and shift (TFLite/gemmlowp's scheme, :mod:`.fixed_point`),
+clamped to the output range (a fused ReLU is that clamp). Readers for the toolchains' saved models fill it in
+(``backends/<name>/integer.py``); :mod:`.executor` runs it; :mod:`.export` writes it out for hardware teams.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from resnet8ptq.device.fixed_point import quantize_multiplier
+
+
+@dataclass(frozen=True)
+class Quant:
+    """An activation tensor's quantization: real = scale · (q - zero_point), q in [qmin, qmax]."""
+
+    scale: float
+    zero_point: int
+    qmin: int
+    qmax: int
+
+    def clamp_min(self, relu: bool) -> int:
+        """The lowest output integer: ``qmin``, or the zero point's when a ReLU is fused (TFLite's
+        ``CalculateActivationRangeQuantized``: max(qmin, zero_point + round(0 / scale)))."""
+        return max(self.qmin, self.zero_point) if relu else self.qmin
+
+
+@dataclass
+class Conv:
+    """A convolution or fully-connected layer (a dense layer is a 1x1 convolution on a 1x1 input):
+    acc = Σ (x - x_zp)(w - w_zp) + bias; y = clamp(MBQM(acc, multiplier, shift) + y_zp, act_min, act_max)."""
+
+    name: str
+    input: str
+    output: str
+    weight: np.ndarray  # int32 (O, I, kh, kw)
+    weight_zero_point: np.ndarray  # int32 (O,)
+    weight_scale: np.ndarray  # float32 (O,): one value repeated when per tensor
+    bias: np.ndarray  # int32 (O,), scale input_scale · weight_scale
+    stride: tuple[int, int]
+    padding: tuple[int, int, int, int]  # top, bottom, left, right (padded with the input's zero point)
+    input_quant: Quant
+    output_quant: Quant
+    multiplier: np.ndarray  # int64 (O,)
+    shift: np.ndarray  # int64 (O,)
+    act_min: int
+    act_max: int
+    dense: bool = False
+    rounding: str = "double"  # MBQM's rounding (fixed_point.ROUNDINGS): TFLite's double, or single
+
+    @property
+    def terms(self) -> int:
+        """Products summed per output: C_in · kh · kw (a crossbar's rows for one output)."""
+        return int(np.prod(self.weight.shape[1:]))
+
+    @property
+    def centered_weight(self) -> np.ndarray:
+        """w - w_zp as int64 (O, I, kh, kw)."""
+        return self.weight.astype(np.int64) - self.weight_zero_point.astype(np.int64).reshape(-1, 1, 1, 1)
+
+
+@dataclass
+class Add:
+    """An element-wise add of two quantized tensors, TFLite's integer scheme: both inputs shifted left by
+    ``left_shift`` and rescaled to twice the larger input scale, summed, then requantized to the output."""
+
+    name: str
+    inputs: tuple[str, str]
+    output: str
+    input_quants: tuple[Quant, Quant]
+    output_quant: Quant
+    left_shift: int
+    input_multipliers: tuple[int, int]
+    input_shifts: tuple[int, int]
+    output_multiplier: int
+    output_shift: int
+    act_min: int
+    act_max: int
+
+
+@dataclass
+class AveragePool:
+    """A global (or whole-window) average pool: the window's sum, divided by its size. ``rounding_divide``:
+    TFLite's integer division rounded half away from zero (input and output share their quantization); else
+    the sum requantized with ``multiplier``/``shift`` (input_scale / (count · output_scale))."""
+
+    name: str
+    input: str
+    output: str
+    input_quant: Quant
+    output_quant: Quant
+    rounding_divide: bool
+    multiplier: int = 0
+    shift: int = 0
+
+
+Layer = Conv | Add | AveragePool
+
+
+@dataclass
+class IntegerModel:
+    """A quantized network as integer layers in execution order, from its quantized input to its logits (the
+    last layer's output, before any softmax: its argmax is the prediction)."""
+
+    source: str  # which reader made it, e.g. "tflite", "onnx-qdq", "torch-pt2e"
+    input: str
+    input_quant: Quant
+    input_rounding: str  # how the float image is quantized: "half_away_from_zero" (TFLite) | "half_to_even"
+    layers: list[Layer]
+    notes: list[str] = field(default_factory=list)  # what the reader approximated, in words
+
+    @property
+    def output(self) -> str:
+        return self.layers[-1].output
+
+    @property
+    def convs(self) -> list[Conv]:
+        return [layer for layer in self.layers if isinstance(layer, Conv)]
+
+    def quant_of(self, tensor: str) -> Quant:
+        """The quantization of a tensor: the model input's or the output of the layer making it."""
+        if tensor == self.input:
+            return self.input_quant
+        for layer in self.layers:
+            if layer.output == tensor:
+                return layer.output_quant
+        raise KeyError(tensor)
+
+
+def conv_requantization(
+    input_scale: float, weight_scale: np.ndarray, output_scale: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """(multiplier, shift) per channel for input_scale · weight_scale / output_scale, in double precision
+    from the float32 scales as TFLite's ``PopulateConvolutionQuantizationParams`` computes it."""
+    real = np.float64(np.float32(input_scale)) * weight_scale.astype(np.float32).astype(np.float64)
+    return quantize_multiplier(real / np.float64(np.float32(output_scale)))
+
+
+def add_requantization(
+    scales: tuple[float, float], output_scale: float, left_shift: int = 20
+) -> tuple[tuple[int, int], tuple[int, int], int, int]:
+    """TFLite's ``PrepareGeneralSubOp``/``Add`` parameters for 8-bit inputs: input multipliers and shifts
+    (each input's scale over twice the larger one) and the output's (twice the larger scale over
+    2^left_shift · output_scale), all below one."""
+    s1, s2, so = (np.float64(np.float32(s)) for s in (*scales, output_scale))
+    twice_max = 2 * max(s1, s2)
+    (m1,), (sh1,) = quantize_multiplier(s1 / twice_max)
+    (m2,), (sh2,) = quantize_multiplier(s2 / twice_max)
+    (mo,), (sho,) = quantize_multiplier(twice_max / ((1 << left_shift) * so))
+    return (int(m1), int(m2)), (int(sh1), int(sh2)), int(mo), int(sho)
