@@ -161,7 +161,7 @@ class SweepRunCallback(Callback):
         try:
             search = search_settings(config)
             check_registration(config.mlflow)
-            experiment_id = configure(config.mlflow, Path(config.cache_dir))
+            experiment_id = configure(config.mlflow, Path(config.cache_dir), fail_fast=True)
             check_writable(output_dir)
         except (ConfigError, TrackingError, OutputDirError) as err:
             raise SystemExit(f"{type(err).__name__}: {err}") from err

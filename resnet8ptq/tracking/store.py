@@ -29,14 +29,19 @@ EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 EXPERIMENT_KIND = "custom_model_development"
 
 
-def configure(mlflow_cfg: DictConfig, cache_dir: Path | None = None) -> str:
-    """Point MLflow at the configured store, check it answers, and return the experiment id (an experiment
-    without a kind is tagged as model development). A new SQLite store starts from ``cache_dir``'s empty store
-    (:func:`seed_sqlite_store`) when given."""
+def configure(mlflow_cfg: DictConfig, cache_dir: Path | None = None, *, fail_fast: bool = False) -> str:
+    """Point MLflow at the configured store and return the experiment id (an experiment without a kind is
+    tagged as model development). A new SQLite store starts from ``cache_dir``'s empty store
+    (:func:`seed_sqlite_store`) when given.
+
+    ``fail_fast`` (the launching process, before any work): a tracking server that does not answer
+    ``/health`` at once is an error. Otherwise (a run, a launcher's job: the sweep has reached the server
+    already) MLflow's own HTTP retries apply, so a job that starts while the server is briefly down waits
+    for it like every later request of the run (with MLflow's default settings, about 4 minutes)."""
     if mlflow_cfg.tracking_uri:
         mlflow.set_tracking_uri(mlflow_cfg.tracking_uri)
     uri = mlflow.get_tracking_uri()
-    if uri.startswith(("http://", "https://")):
+    if fail_fast and uri.startswith(("http://", "https://")):
         try:
             with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=5):
                 pass

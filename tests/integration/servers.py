@@ -62,11 +62,12 @@ def mlflow_server(
     env: dict[str, str] | None = None,
     timeout: float = 120,
     grace: float = 15,
+    port: int | None = None,
 ) -> Iterator[str]:
-    """`mlflow server` on 127.0.0.1 with a free port and one worker, output to ``log``; yields its base URL
-    once /health answers (fails the test with the log's tail if it exits or is not healthy within
-    ``timeout`` seconds) and stops its process group on exit."""
-    port = free_port()
+    """`mlflow server` on 127.0.0.1 with ``port`` (default: a free one) and one worker, output to ``log``;
+    yields its base URL once /health answers (fails the test with the log's tail if it exits or is not
+    healthy within ``timeout`` seconds) and stops its process group on exit."""
+    port = port or free_port()
     mlflow_cli = Path(sys.executable).with_name("mlflow")
     command = [str(mlflow_cli)] if mlflow_cli.is_file() else [sys.executable, "-m", "mlflow"]
     args = ["server", "--backend-store-uri", backend_store_uri, *extra_args]
