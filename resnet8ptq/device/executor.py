@@ -19,7 +19,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F  # noqa: N812 (torch's convention)
 
-from resnet8ptq.device.fixed_point import ROUNDINGS, effective_scale, multiply_by_quantized_multiplier
+from resnet8ptq.device.fixed_point import ROUNDINGS, effective_scale
 from resnet8ptq.device.graph import Add, AveragePool, Conv, IntegerModel, Layer
 
 EXACT_FLOAT32 = 2**24
@@ -131,7 +131,7 @@ def add(layer: Add, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         (a, b), layer.input_quants, layer.input_multipliers, layer.input_shifts, strict=True
     ):
         values = np.arange(q.qmin, q.qmax + 1, dtype=np.int64)
-        table = multiply_by_quantized_multiplier((values - q.zero_point) << layer.left_shift, multiplier, shift)
+        table = ROUNDINGS[layer.rounding]((values - q.zero_point) << layer.left_shift, multiplier, shift)
         total = total + torch.from_numpy(table.astype(np.float64))[(x - q.qmin).to(torch.int64)]
     return requantize_exact(
         total,
@@ -140,17 +140,24 @@ def add(layer: Add, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         layer.output_quant.zero_point,
         layer.act_min,
         layer.act_max,
+        layer.rounding,
     )
 
 
 def average_pool(layer: AveragePool, x: torch.Tensor) -> torch.Tensor:
-    """Global average pool: TFLite's rounded integer division of the window sum, or the sum requantized."""
+    """Global average pool: the window sum divided with rounding (TFLite: half away from zero; a QDQ model's:
+    half to even), or the sum requantized."""
     count = x.shape[2] * x.shape[3]
     q_in, q_out = layer.input_quant, layer.output_quant
     if layer.rounding_divide:
         total = x.to(torch.int64).sum(dim=(2, 3), keepdim=True)
-        magnitude = (total.abs() + count // 2) // count  # C's (acc ± count/2) / count, toward zero
-        out = torch.where(total >= 0, magnitude, -magnitude)
+        if layer.half_to_even:
+            quotient = torch.div(total, count, rounding_mode="floor")
+            twice_rest = 2 * (total - quotient * count)
+            out = quotient + ((twice_rest > count) | ((twice_rest == count) & (quotient % 2 == 1)))
+        else:
+            magnitude = (total.abs() + count // 2) // count  # C's (acc ± count/2) / count, toward zero
+            out = torch.where(total >= 0, magnitude, -magnitude)
         return out.clamp(q_out.qmin, q_out.qmax).to(torch.float32)
     total = (x.to(torch.float64) - q_in.zero_point).sum(dim=(2, 3), keepdim=True)
     return requantize_exact(

@@ -82,6 +82,7 @@ class Add:
     output_shift: int
     act_min: int
     act_max: int
+    rounding: str = "double"  # MBQM's rounding (fixed_point.ROUNDINGS), in all three rescalings
 
 
 @dataclass
@@ -98,6 +99,7 @@ class AveragePool:
     rounding_divide: bool
     multiplier: int = 0
     shift: int = 0
+    half_to_even: bool = False  # the division's ties to even (as a QDQ model's QuantizeLinear), not away
 
 
 Layer = Conv | Add | AveragePool

@@ -1,0 +1,126 @@
+"""An ONNX Runtime QDQ model (``quantize_static``, QDQ format) as the device's integer description.
+
+The QDQ graph is read node by node: ``DequantizeLinear`` on an initializer is a weight or an int32 bias (per
+channel along its axis), on an activation the quantized tensor a layer reads; the ``QuantizeLinear`` after a
+Conv/Gemm/Add/AveragePool (through a Relu, if ORT kept one) the quantized tensor it writes. A Transpose of
+the NHWC input and a Reshape before the dense layer carry no arithmetic. The lowering to integer arithmetic
+is shared with PyTorch's programs (:mod:`resnet8ptq.device.qdq`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from resnet8ptq.device.graph import IntegerModel
+from resnet8ptq.device.qdq import QdqLayer, lower, quant
+from resnet8ptq.model import layer_name
+
+LAYER_OPS = {"Conv": "conv", "Gemm": "dense", "Add": "add", "AveragePool": "average_pool"}
+PASS_THROUGH = {"Transpose", "Reshape", "Flatten", "Relu"}
+AFTER_LOGITS = {"Softmax"}
+TYPE_NAMES = {onnx.TensorProto.INT8: "int8", onnx.TensorProto.UINT8: "uint8"}
+
+
+def integer_model(path: Path) -> IntegerModel:
+    """The integer description of the QDQ model at ``path``."""
+    graph = onnx.load(path).graph
+    constants = {init.name: numpy_helper.to_array(init) for init in graph.initializer}
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+
+    dequantized: dict[str, tuple] = {}  # DQ output -> (quantized tensor or constant values, scale, zp, axis)
+    quants, quantized_of = {}, {}  # quantized tensor -> Quant; float tensor -> the quantized tensor
+    quantizes = {}  # quantized tensor -> the float tensor it quantizes
+    for node in graph.node:
+        if node.op_type == "DequantizeLinear":
+            source, scale, zero_point = ([*node.input] + [""])[:3]
+            axis = next((a.i for a in node.attribute if a.name == "axis"), 1)
+            values = constants.get(source)
+            zp = constants[zero_point] if zero_point else np.zeros_like(constants[scale], np.int32)
+            dequantized[node.output[0]] = (source if values is None else values, constants[scale], zp, axis)
+        elif node.op_type == "QuantizeLinear":
+            scale, zero_point = constants[node.input[1]], constants[node.input[2]]
+            dtype = TYPE_NAMES.get(onnx.helper.np_dtype_to_tensor_dtype(zero_point.dtype))
+            if dtype is None:
+                raise ValueError(f"{Path(path).name}: activations of type {zero_point.dtype}: 8-bit only.")
+            quants[node.output[0]] = quant(float(scale), int(zero_point), dtype)
+            quantized_of[node.input[0]] = node.output[0]
+            quantizes[node.output[0]] = node.input[0]
+    producers = {name: node for node in graph.node for name in node.output}
+
+    def quantized_input(name: str) -> str:
+        """The quantized tensor a layer input dequantizes, through pass-through ops (a Reshape between a
+        DequantizeLinear and a QuantizeLinear of the same values is the same tensor)."""
+        while True:
+            while name not in dequantized:
+                producer = producers[name]
+                if producer.op_type not in PASS_THROUGH:
+                    raise ValueError(f"{name} is not a dequantized tensor.")
+                name = producer.input[0]
+            tensor = dequantized[name][0]
+            producer = producers.get(quantizes.get(tensor, ""))
+            if producer is None or producer.op_type not in {"Reshape", "Flatten"}:
+                return tensor
+            name = producer.input[0]
+
+    def quantized_output(name: str) -> tuple[str, bool]:
+        """The quantized tensor a layer's float output becomes, and whether a ReLU lies between."""
+        relu = False
+        while name not in quantized_of:
+            (node,) = consumers[name]
+            if node.op_type != "Relu":
+                raise ValueError(f"{name} is not quantized after its layer.")
+            relu, name = True, node.output[0]
+        return quantized_of[name], relu
+
+    layers, windows = [], {}
+    for node in graph.node:
+        if node.op_type in AFTER_LOGITS:
+            break
+        if node.op_type not in LAYER_OPS:
+            if node.op_type not in PASS_THROUGH | {"QuantizeLinear", "DequantizeLinear"}:
+                raise ValueError(f"{Path(path).name}: op {node.op_type} is not covered by the integer executor.")
+            continue
+        output, relu = quantized_output(node.output[0])
+        attributes = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        layer = QdqLayer(LAYER_OPS[node.op_type], layer_name(node.output[0]), [], output, relu=relu)
+        if node.op_type in ("Conv", "Gemm"):
+            layer.inputs = [quantized_input(node.input[0])]
+            weight, w_scale, w_zp, axis = dequantized[node.input[1]]
+            if node.op_type == "Gemm":
+                if attributes.get("transA", 0) or attributes.get("alpha", 1.0) != 1.0:
+                    raise ValueError(f"{layer.name}: Gemm with transA or alpha is not covered.")
+                weight = weight if attributes.get("transB", 0) else weight.T  # (O, I)
+                weight = weight[:, :, None, None]
+            else:
+                pads = attributes.get("pads", [0, 0, 0, 0])  # top, left, bottom, right
+                layer.padding = (pads[0], pads[2], pads[1], pads[3])
+                layer.stride = tuple(attributes.get("strides", [1, 1]))
+                if attributes.get("group", 1) != 1 or set(attributes.get("dilations", [1, 1])) != {1}:
+                    raise ValueError(f"{layer.name}: grouped or dilated convolutions are not covered.")
+            layer.weight, layer.weight_scale, layer.weight_zero_point = weight, w_scale, w_zp
+            if len(node.input) > 2:
+                bias = node.input[2]
+                if bias in dequantized:
+                    layer.bias = dequantized[bias][0]
+                else:
+                    layer.bias, layer.bias_is_float = constants[bias], True
+        elif node.op_type == "Add":
+            layer.inputs = [quantized_input(name) for name in node.input]
+        else:  # AveragePool over the whole input
+            layer.inputs = [quantized_input(node.input[0])]
+            windows[layer.name] = int(np.prod(attributes["kernel_shape"]))
+        layers.append(layer)
+
+    first = next(n for n in graph.node if n.op_type == "QuantizeLinear")
+    notes = [
+        "ONNX Runtime's QDQ model computes each layer in float and quantizes it rounding half to even; the "
+        "integer form accumulates exactly and requantizes in fixed point (TFLite's double rounding)."
+    ]
+    return lower("onnx-qdq", layers, quants, first.output[0], windows, notes)

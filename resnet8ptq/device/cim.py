@@ -1,0 +1,203 @@
+"""A compute-in-memory (CiM) crossbar as the arithmetic of conv/dense layers (see docs/device.md).
+
+What is modelled, per layer, for every output (a crossbar column) and every image:
+
+* **Row tiles** (aihwkit: ``mapping.max_input_size``): the C_in·kh·kw terms of the dot product are split over
+  ``rows``-row tiles as aihwkit splits them, into equal tiles (576 terms at 128 rows: 116 + 4 × 115), each
+  tile's partial sum read on its own.
+* **Bit-serial inputs** (aihwkit: ``forward.inp_res``): the centred input x - x_zp (an unsigned 8-bit value
+  after a ReLU) is applied ``dac_bits`` bits per cycle, as two's-complement slices when it can be negative;
+  the slices' results are shifted and added digitally.
+* **Weight slicing**: w - w_zp is stored as a sign (a differential pair of cells) and a magnitude cut into
+  ``cells_per_weight`` cells of ``bits_per_cell`` bits; each cell column is read on its own, shifted and added.
+* **Programming noise** (aihwkit: ``w_noise``, ``PCM`` programming noise): each cell's level gets Gaussian
+  noise of σ = ``weight_noise`` × the cell's full range (2^bits_per_cell - 1), drawn once per seed (the chip
+  is programmed once, then every image runs on it).
+* **ADC** (aihwkit: ``forward.out_res``, ``out_bound``): each partial sum (tile × input slice × weight
+  slice) is read by a signed ``adc_bits`` ADC whose step is a power of two, so the digital side stays integer:
+  the step 2^s is the smallest that covers the layer's full scale (``adc_range``: ``calibrated``, the largest
+  partial sum on the calibration sample through the ideal integer network; ``worst_case``, the tile's largest
+  possible sum, rows × max input slice × max cell level), values beyond it saturate.
+* **Digital accumulator**: the shifted ADC codes are added tile by tile into a saturating
+  ``accumulator_bits`` register; the bias is added last, then requantization is the integer executor's.
+
+Not modelled: IR drop and wire resistance, conductance drift and read noise over time, device-to-device
+ADC mismatch and non-linear ADC transfer curves, stuck cells, and any analog activation or pooling.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F  # noqa: N812 (torch's convention)
+
+from resnet8ptq.device.executor import Arithmetic
+from resnet8ptq.device.graph import Conv
+
+ADC_RANGES = ("calibrated", "worst_case")
+
+
+@dataclass(frozen=True)
+class Crossbar:
+    """The crossbar's parameters (``device=cim``; names as in the config, aihwkit's in docs/device.md)."""
+
+    rows: int | None = None  # rows per tile; None: one tile holds every term
+    adc_bits: int | None = None  # None: an ideal ADC (the partial sum read exactly)
+    adc_range: str = "calibrated"
+    dac_bits: int = 8
+    bits_per_cell: int = 8
+    cells_per_weight: int = 1
+    weight_noise: float = 0.0  # σ as a fraction of a cell's range
+    accumulator_bits: int = 32
+
+    @property
+    def ideal(self) -> bool:
+        """Whether nothing limits the arithmetic (then the accumulators equal the integer executor's)."""
+        return self.rows is None and self.adc_bits is None and self.weight_noise == 0
+
+
+def tile_sizes(terms: int, rows: int | None) -> list[int]:
+    """``terms`` split into the fewest tiles of at most ``rows``, as equal as possible, larger ones first
+    (aihwkit-lightning's split: 576 at 128 rows -> [116, 115, 115, 115, 115])."""
+    if rows is None or terms <= rows:
+        return [terms]
+    count = math.ceil(terms / rows)
+    base, extra = divmod(terms, count)
+    return [base + 1] * extra + [base] * (count - extra)
+
+
+def slices(values: torch.Tensor, bits: int, total_bits: int, signed: bool) -> list[tuple[torch.Tensor, int]]:
+    """``values`` (integers in float) cut into ``bits``-bit digits, lowest first, with each digit's
+    significance (a power of two): x = Σ digit · 2^shift. Signed values are in two's complement over
+    ``total_bits``, the top digit negative-weighted."""
+    if bits >= total_bits:
+        return [(values, 0)]
+    as_int = values.to(torch.int64)
+    if signed:
+        as_int = torch.where(as_int < 0, as_int + (1 << total_bits), as_int)
+    digits = []
+    for low in range(0, total_bits, bits):
+        width = min(bits, total_bits - low)
+        digit = (as_int >> low) & ((1 << width) - 1)
+        if signed and low + width == total_bits:  # the sign digit: two's complement of its width
+            digit = torch.where(digit >= 1 << (width - 1), digit - (1 << width), digit)
+        digits.append((digit.to(values.dtype), low))
+    return digits
+
+
+def value_bits(low: int, high: int) -> tuple[int, bool]:
+    """(bits, signed): the width of the two's-complement (or unsigned) integers from ``low`` to ``high``."""
+    if low >= 0:
+        return max(int(high).bit_length(), 1), False
+    return max(int(high).bit_length(), int(-low - 1).bit_length()) + 1, True
+
+
+class CrossbarArithmetic(Arithmetic):
+    """A layer's accumulators on :class:`Crossbar`, for one programming of the weights (one noise seed).
+
+    ``adc_shifts`` (per layer name, the power-of-two ADC step's exponent) come from :meth:`calibrate` or
+    :func:`worst_case_shift`; ``generator`` draws the programming noise, once per layer, at first use."""
+
+    def __init__(self, crossbar: Crossbar, seed: int = 0, adc_shifts: dict[str, int] | None = None) -> None:
+        self.crossbar = crossbar
+        self.seed = seed
+        self.adc_shifts = dict(adc_shifts or {})
+        self._weights: dict[str, list[tuple[torch.Tensor, int]]] = {}
+        self._generator = torch.Generator().manual_seed(seed)
+        self._record: dict[str, float] | None = None
+
+    def weight_slices(self, layer: Conv) -> list[tuple[torch.Tensor, int]]:
+        """The layer's programmed cell columns (O, K) per weight slice with their significance: sign ·
+        magnitude digit, plus programming noise (drawn once per layer and seed)."""
+        if layer.name not in self._weights:
+            weight = torch.from_numpy(layer.centered_weight.reshape(len(layer.weight), -1)).to(torch.float64)
+            sign, magnitude = torch.sign(weight), weight.abs()
+            c = self.crossbar
+            capacity = c.bits_per_cell * c.cells_per_weight
+            needed = int(magnitude.max()).bit_length()
+            if needed > capacity:
+                raise ValueError(
+                    f"{layer.name}: weights need {needed} magnitude bits, the cells hold {capacity} "
+                    f"(device.bits_per_cell={c.bits_per_cell} x device.cells_per_weight={c.cells_per_weight})."
+                )
+            programmed = []
+            for digit, shift in slices(magnitude, c.bits_per_cell, capacity, signed=False):
+                cells = sign * digit
+                if c.weight_noise:
+                    sigma = c.weight_noise * (2**c.bits_per_cell - 1)
+                    noise = torch.randn(cells.shape, generator=self._generator, dtype=torch.float64)
+                    cells = cells + sigma * noise
+                programmed.append((cells, shift))
+            self._weights[layer.name] = programmed
+        return self._weights[layer.name]
+
+    def accumulate(self, layer: Conv, x: torch.Tensor) -> torch.Tensor:
+        c = self.crossbar
+        top, bottom, left, right = layer.padding
+        kh, kw = layer.weight.shape[2:]
+        n = x.shape[0]
+        out_h = (x.shape[2] + top + bottom - kh) // layer.stride[0] + 1
+        out_w = (x.shape[3] + left + right - kw) // layer.stride[1] + 1
+        columns = F.unfold(F.pad(x.to(torch.float64), (left, right, top, bottom)), (kh, kw), stride=layer.stride)
+        in_bits, in_signed = value_bits(*input_range(layer))
+        input_slices = slices(columns, c.dac_bits, in_bits, in_signed)  # each (N, K, L)
+        weights = self.weight_slices(layer)
+        limit = 2 ** (c.accumulator_bits - 1)
+        acc = torch.zeros((n, len(layer.weight), columns.shape[2]), dtype=torch.float64)
+        start = 0
+        for size in tile_sizes(layer.terms, c.rows):
+            tile = torch.zeros_like(acc)
+            for x_digit, x_shift in input_slices:
+                xs = x_digit[:, start : start + size]
+                for w_cells, w_shift in weights:
+                    partial = torch.matmul(w_cells[:, start : start + size], xs)  # (N, O, L)
+                    tile += self.adc(layer, partial) * 2.0 ** (x_shift + w_shift)
+            acc = (acc + tile).clamp_(-limit, limit - 1)
+            start += size
+        return acc.reshape(n, -1, out_h, out_w)
+
+    def adc(self, layer: Conv, partial: torch.Tensor) -> torch.Tensor:
+        """A partial sum as the ADC reads it: rounded to the layer's power-of-two step, saturated to the
+        ADC's signed range (an ideal ADC: rounded to an integer, which changes only noisy sums)."""
+        if self._record is not None:
+            self._record[layer.name] = max(self._record.get(layer.name, 0.0), float(partial.abs().max()))
+        if self.crossbar.adc_bits is None:
+            return torch.round(partial)
+        step = 2.0 ** self.adc_shifts[layer.name]
+        top = 2 ** (self.crossbar.adc_bits - 1) - 1
+        return torch.round(partial / step).clamp_(-top, top) * step
+
+    def start_recording(self) -> None:
+        """Record each layer's largest |partial sum| from now on (the calibrated ADC range)."""
+        self._record = {}
+
+    def stop_recording(self) -> dict[str, float]:
+        record, self._record = self._record or {}, None
+        return record
+
+
+def input_range(layer: Conv) -> tuple[int, int]:
+    """The centred input's integer range: qmin - zp .. qmax - zp."""
+    q = layer.input_quant
+    return q.qmin - q.zero_point, q.qmax - q.zero_point
+
+
+def step_shift(full_scale: float, adc_bits: int) -> int:
+    """The exponent of the smallest power-of-two ADC step whose ``adc_bits`` signed range (±(2^(b-1) - 1)
+    steps) covers ``full_scale``."""
+    top = 2 ** (adc_bits - 1) - 1
+    if full_scale <= top:
+        return 0
+    return math.ceil(math.log2(full_scale / top))
+
+
+def worst_case_full_scale(layer: Conv, crossbar: Crossbar) -> float:
+    """The largest |partial sum| a tile can produce: its rows × the largest input digit × the largest cell
+    level (every cell at full scale, every input slice at its maximum)."""
+    in_bits, _ = value_bits(*input_range(layer))
+    digit = 2 ** min(crossbar.dac_bits, in_bits) - 1
+    cell = 2 ** crossbar.bits_per_cell - 1
+    return tile_sizes(layer.terms, crossbar.rows)[0] * digit * cell
+

@@ -1,0 +1,163 @@
+"""From a quantize/dequantize (QDQ) graph to the integer description: the lowering ONNX Runtime's QDQ models
+and PyTorch's PT2E programs share.
+
+A QDQ model computes each layer in float on dequantized integers and quantizes the result (round half to
+even, clamp). Integer hardware computes the same layer as an integer accumulator and a fixed-point
+requantization; the readers (``backends/onnx/integer.py``, ``backends/torch/integer.py``) describe each
+layer as a :class:`QdqLayer` and :func:`lower` turns it into TFLite/gemmlowp's scheme:
+
+* conv/dense: acc = Σ (x - x_zp)(w - w_zp) + bias, multiplier/shift for x_scale · w_scale / y_scale. A bias
+  stored in float (PyTorch's) is rounded to int32 at the scale x_scale · w_scale, as TFLite's converter does;
+* add: TFLite's integer add (both inputs rescaled to twice the larger scale, 20 bits of headroom);
+* a global average pool with the input's quantization: TFLite's rounded integer division; with another
+  output quantization, the sum requantized.
+
+Where the results can differ from the QDQ model's float arithmetic (so the integer executor's predictions
+differ on a few images): the float conv's own rounding, float vs fixed-point requantization at half-way
+values (half to even vs half away from zero), the bias rounding, and the average pool's rounding at ties.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from resnet8ptq.device.fixed_point import quantize_multiplier
+from resnet8ptq.device.graph import (
+    Add,
+    AveragePool,
+    Conv,
+    IntegerModel,
+    Layer,
+    Quant,
+    add_requantization,
+    conv_requantization,
+)
+
+INT8_RANGES = {"int8": (-128, 127), "uint8": (0, 255)}
+
+
+def quant(scale: float, zero_point: int, dtype: str) -> Quant:
+    """An 8-bit activation quantization (16-bit activations are not covered by the integer executor yet)."""
+    if dtype not in INT8_RANGES:
+        raise ValueError(
+            f"activations of type {dtype}: the integer executor covers 8-bit activations (int8, uint8)."
+        )
+    return Quant(float(np.float32(scale)), int(zero_point), *INT8_RANGES[dtype])
+
+
+@dataclass
+class QdqLayer:
+    """One layer of a QDQ model: its kind, the quantized tensors it reads and writes, and for conv/dense its
+    integer weights (O, I, kh, kw), their scales and zero points (per channel), and its bias (int32 at
+    x_scale · w_scale, or float)."""
+
+    kind: str  # "conv" | "dense" | "add" | "average_pool"
+    name: str
+    inputs: list[str]
+    output: str
+    weight: np.ndarray | None = None
+    weight_scale: np.ndarray | None = None
+    weight_zero_point: np.ndarray | None = None
+    bias: np.ndarray | None = None
+    bias_is_float: bool = False
+    stride: tuple[int, int] = (1, 1)
+    padding: tuple[int, int, int, int] = (0, 0, 0, 0)  # top, bottom, left, right
+    relu: bool = False  # an explicit ReLU between the op and its quantization
+
+
+def lower_conv(layer: QdqLayer, q_in: Quant, q_out: Quant) -> Conv:
+    channels = len(layer.weight)
+    weight_scale = np.broadcast_to(np.asarray(layer.weight_scale, np.float32), (channels,)).copy()
+    zero_point = np.broadcast_to(np.asarray(layer.weight_zero_point, np.int32), (channels,)).copy()
+    if layer.bias is None:
+        bias = np.zeros(channels, np.int32)
+    elif layer.bias_is_float:
+        bias_scale = np.float64(q_in.scale) * weight_scale.astype(np.float64)
+        bias = np.round(np.asarray(layer.bias, np.float64) / bias_scale).astype(np.int32)
+    else:
+        bias = np.asarray(layer.bias).astype(np.int32)
+    multiplier, shift = conv_requantization(q_in.scale, weight_scale, q_out.scale)
+    return Conv(
+        name=layer.name,
+        input=layer.inputs[0],
+        output=layer.output,
+        weight=np.asarray(layer.weight, np.int32),
+        weight_zero_point=zero_point,
+        weight_scale=weight_scale,
+        bias=bias,
+        stride=layer.stride,
+        padding=layer.padding,
+        input_quant=q_in,
+        output_quant=q_out,
+        multiplier=multiplier,
+        shift=shift,
+        act_min=q_out.clamp_min(layer.relu),
+        act_max=q_out.qmax,
+        dense=layer.kind == "dense",
+        rounding="single",
+    )
+
+
+def lower_add(layer: QdqLayer, quants: tuple[Quant, Quant], q_out: Quant) -> Add:
+    multipliers, shifts, out_multiplier, out_shift = add_requantization(
+        (quants[0].scale, quants[1].scale), q_out.scale
+    )
+    return Add(
+        name=layer.name,
+        inputs=(layer.inputs[0], layer.inputs[1]),
+        output=layer.output,
+        input_quants=quants,
+        output_quant=q_out,
+        left_shift=20,
+        input_multipliers=multipliers,
+        input_shifts=shifts,
+        output_multiplier=out_multiplier,
+        output_shift=out_shift,
+        act_min=q_out.clamp_min(layer.relu),
+        act_max=q_out.qmax,
+        rounding="single",
+    )
+
+
+def lower_pool(layer: QdqLayer, q_in: Quant, q_out: Quant, window: int) -> AveragePool:
+    if (q_in.scale, q_in.zero_point) == (q_out.scale, q_out.zero_point):
+        return AveragePool(
+            layer.name, layer.inputs[0], layer.output, q_in, q_out, rounding_divide=True, half_to_even=True
+        )
+    (multiplier,), (shift,) = quantize_multiplier(np.float64(q_in.scale) / (window * np.float64(q_out.scale)))
+    return AveragePool(
+        layer.name, layer.inputs[0], layer.output, q_in, q_out, False, int(multiplier), int(shift)
+    )
+
+
+def lower(
+    source: str,
+    layers: list[QdqLayer],
+    quants: dict[str, Quant],
+    input_name: str,
+    pool_windows: dict[str, int],
+    notes: list[str],
+) -> IntegerModel:
+    """The integer description of a QDQ model: ``quants`` maps every quantized tensor to its quantization,
+    ``pool_windows`` each average pool to its window size."""
+    lowered: list[Layer] = []
+    for layer in layers:
+        q_out = quants[layer.output]
+        if layer.kind in ("conv", "dense"):
+            lowered.append(lower_conv(layer, quants[layer.inputs[0]], q_out))
+        elif layer.kind == "add":
+            lowered.append(lower_add(layer, (quants[layer.inputs[0]], quants[layer.inputs[1]]), q_out))
+        elif layer.kind == "average_pool":
+            lowered.append(lower_pool(layer, quants[layer.inputs[0]], q_out, pool_windows[layer.name]))
+        else:
+            raise ValueError(f"{layer.name}: layer kind {layer.kind!r} is not covered.")
+    return IntegerModel(
+        source=source,
+        input=input_name,
+        input_quant=quants[input_name],
+        input_rounding="half_to_even",
+        layers=lowered,
+        notes=notes,
+    )
