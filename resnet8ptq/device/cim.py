@@ -140,7 +140,9 @@ class CrossbarArithmetic(Arithmetic):
         n = x.shape[0]
         out_h = (x.shape[2] + top + bottom - kh) // layer.stride[0] + 1
         out_w = (x.shape[3] + left + right - kw) // layer.stride[1] + 1
-        columns = F.unfold(F.pad(x.to(torch.float64), (left, right, top, bottom)), (kh, kw), stride=layer.stride)
+        columns = F.unfold(
+            F.pad(x.to(torch.float64), (left, right, top, bottom)), (kh, kw), stride=layer.stride
+        )
         in_bits, in_signed = value_bits(*input_range(layer))
         input_slices = slices(columns, c.dac_bits, in_bits, in_signed)  # each (N, K, L)
         weights = self.weight_slices(layer)
@@ -198,6 +200,5 @@ def worst_case_full_scale(layer: Conv, crossbar: Crossbar) -> float:
     level (every cell at full scale, every input slice at its maximum)."""
     in_bits, _ = value_bits(*input_range(layer))
     digit = 2 ** min(crossbar.dac_bits, in_bits) - 1
-    cell = 2 ** crossbar.bits_per_cell - 1
+    cell = 2**crossbar.bits_per_cell - 1
     return tile_sizes(layer.terms, crossbar.rows)[0] * digit * cell
-

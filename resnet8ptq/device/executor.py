@@ -19,8 +19,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F  # noqa: N812 (torch's convention)
 
-from resnet8ptq.device.fixed_point import ROUNDINGS, effective_scale
-from resnet8ptq.device.graph import Add, AveragePool, Conv, IntegerModel, Layer
+from resnet8ptq.device.fixed_point import (
+    ROUNDINGS,
+    effective_scale,
+    multiply_by_quantized_multiplier_single_rounding,
+)
+from resnet8ptq.device.graph import RESIDUAL_FRACTION_BITS, Add, AveragePool, Conv, IntegerModel, Layer
 
 EXACT_FLOAT32 = 2**24
 """Integers up to 2^24 are exact in float32: a sum whose every partial sum stays below it is exact."""
@@ -123,6 +127,22 @@ def requantize(layer: Conv, acc: torch.Tensor) -> torch.Tensor:
     )
 
 
+def requantize_residual(layer: Conv, acc: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    """A fused conv + add (:class:`~resnet8ptq.device.graph.Residual`), in exact int64 arithmetic."""
+    res = layer.residual
+    fraction = RESIDUAL_FRACTION_BITS
+    conv_term = multiply_by_quantized_multiplier_single_rounding(
+        acc.to(torch.int64), per_channel(layer.multiplier), per_channel(layer.shift)
+    )
+    values = np.arange(res.quant.qmin, res.quant.qmax + 1, dtype=np.int64)
+    table = multiply_by_quantized_multiplier_single_rounding(
+        values - res.quant.zero_point, res.multiplier, res.shift
+    )
+    residual_term = torch.from_numpy(table)[(residual - res.quant.qmin).to(torch.int64)]
+    out = (conv_term + residual_term + (1 << (fraction - 1))) >> fraction
+    return (out + layer.output_quant.zero_point).clamp_(layer.act_min, layer.act_max).to(torch.float32)
+
+
 def add(layer: Add, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """TFLite's integer add (reference ``AddElementwise``): each input's rescaling is a table over its 256
     integer values, their sum (int64, exact in float64) requantized to the output."""
@@ -169,7 +189,9 @@ def quantize_input(model: IntegerModel, images: np.ndarray) -> torch.Tensor:
     """NHWC float32 images as the model's quantized input, NCHW (integer values in float32): x / scale in float32, rounded as the
     source runtime rounds (TFLite: half away from zero; ONNX/torch QuantizeLinear: half to even)."""
     q = model.input_quant
-    scaled = torch.from_numpy(np.ascontiguousarray(images, np.float32)).permute(0, 3, 1, 2) / np.float32(q.scale)
+    scaled = torch.from_numpy(np.ascontiguousarray(images, np.float32)).permute(0, 3, 1, 2) / np.float32(
+        q.scale
+    )
     if model.input_rounding == "half_away_from_zero":
         rounded = torch.sign(scaled) * torch.floor(scaled.abs() + 0.5)
     else:
@@ -198,6 +220,10 @@ def run_layer(layer: Layer, tensors: dict[str, torch.Tensor], arithmetic: Arithm
         acc = arithmetic.accumulate(layer, x - layer.input_quant.zero_point)
         acc += per_channel(layer.bias, acc.dtype)
         tensors["acc:" + layer.name] = acc
+        if layer.residual is not None:
+            return requantize_residual(layer, acc, tensors[layer.residual.tensor])
+        if layer.output_quant is None:
+            return acc  # the accumulator is the output (logits left in float by the toolchain)
         return requantize(layer, acc)
     if isinstance(layer, Add):
         return add(layer, tensors[layer.inputs[0]], tensors[layer.inputs[1]])
@@ -233,13 +259,14 @@ def execute(
                     trace.outputs[layer.output] = tensors[layer.output][:keep].to(torch.int64)
                     if isinstance(layer, Conv):
                         trace.accumulators[layer.name] = tensors["acc:" + layer.name][:keep].to(torch.int64)
-            logits.append(tensors[model.output].reshape(len(tensors[model.output]), -1).to(torch.int64).numpy())
+            last = tensors[model.output]
+            logits.append(last.reshape(len(last), -1).to(torch.int64).numpy())
             if progress:
                 progress(len(tensors[model.output]))
     return np.concatenate(logits), trace
 
 
-def predictions(logits: np.ndarray) -> np.ndarray:
-    """The predicted class of each image: the argmax of the integer logits, the first class on a tie."""
-    return logits.argmax(axis=1)
-
+def predictions(model: IntegerModel, logits: np.ndarray) -> np.ndarray:
+    """The predicted class of each image: the argmax of the logits' real values (per-channel scales differ
+    when the last layer's accumulator is the output), the first class on a tie."""
+    return model.dequantize_output(logits).argmax(axis=1)

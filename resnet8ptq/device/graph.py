@@ -31,6 +31,24 @@ class Quant:
         return max(self.qmin, self.zero_point) if relu else self.qmin
 
 
+RESIDUAL_FRACTION_BITS = 20
+"""Fractional bits of the fixed-point sum of a fused conv + add (as TFLite's add keeps 20 bits of headroom)."""
+
+
+@dataclass
+class Residual:
+    """A residual input added to a convolution's accumulator before its requantization (PyTorch's fused
+    conv + add + ReLU, where the conv's output is never quantized on its own). In fixed point with
+    ``RESIDUAL_FRACTION_BITS`` fraction bits: y = ((acc·A·2^F) + ((r - r_zp)·B·2^F) + 2^(F-1)) >> F, A =
+    x_scale·w_scale/y_scale and B = r_scale/y_scale as (multiplier, shift) pairs, each rounded once; the
+    multiplier/shift of the :class:`Conv` are then A·2^F's."""
+
+    tensor: str
+    quant: Quant
+    multiplier: int  # B · 2^F
+    shift: int
+
+
 @dataclass
 class Conv:
     """A convolution or fully-connected layer (a dense layer is a 1x1 convolution on a 1x1 input):
@@ -46,18 +64,24 @@ class Conv:
     stride: tuple[int, int]
     padding: tuple[int, int, int, int]  # top, bottom, left, right (padded with the input's zero point)
     input_quant: Quant
-    output_quant: Quant
+    output_quant: Quant | None  # None: the output is the int32 accumulator (a float logits layer)
     multiplier: np.ndarray  # int64 (O,)
     shift: np.ndarray  # int64 (O,)
     act_min: int
     act_max: int
     dense: bool = False
     rounding: str = "double"  # MBQM's rounding (fixed_point.ROUNDINGS): TFLite's double, or single
+    residual: Residual | None = None  # a quantized tensor added before requantization (fused conv + add)
 
     @property
     def terms(self) -> int:
         """Products summed per output: C_in · kh · kw (a crossbar's rows for one output)."""
         return int(np.prod(self.weight.shape[1:]))
+
+    @property
+    def accumulator_scale(self) -> np.ndarray:
+        """The real value of one accumulator step, per channel: input_scale · weight_scale."""
+        return np.float64(self.input_quant.scale) * self.weight_scale.astype(np.float64)
 
     @property
     def centered_weight(self) -> np.ndarray:
@@ -120,6 +144,15 @@ class IntegerModel:
     @property
     def output(self) -> str:
         return self.layers[-1].output
+
+    def dequantize_output(self, values: np.ndarray) -> np.ndarray:
+        """The last layer's integer outputs (N, classes) as real values: (q - zp) · scale, or the accumulator
+        times its scale when the last layer is not requantized."""
+        last = self.layers[-1]
+        values = values.astype(np.float64)
+        if last.output_quant is None:
+            return values * last.accumulator_scale
+        return (values - last.output_quant.zero_point) * last.output_quant.scale
 
     @property
     def convs(self) -> list[Conv]:

@@ -25,12 +25,14 @@ import numpy as np
 
 from resnet8ptq.device.fixed_point import quantize_multiplier
 from resnet8ptq.device.graph import (
+    RESIDUAL_FRACTION_BITS,
     Add,
     AveragePool,
     Conv,
     IntegerModel,
     Layer,
     Quant,
+    Residual,
     add_requantization,
     conv_requantization,
 )
@@ -65,9 +67,10 @@ class QdqLayer:
     stride: tuple[int, int] = (1, 1)
     padding: tuple[int, int, int, int] = (0, 0, 0, 0)  # top, bottom, left, right
     relu: bool = False  # an explicit ReLU between the op and its quantization
+    residual: str | None = None  # conv only: a quantized tensor added to its output before quantization
 
 
-def lower_conv(layer: QdqLayer, q_in: Quant, q_out: Quant) -> Conv:
+def lower_conv(layer: QdqLayer, q_in: Quant, q_out: Quant | None, quants: dict[str, Quant]) -> Conv:
     channels = len(layer.weight)
     weight_scale = np.broadcast_to(np.asarray(layer.weight_scale, np.float32), (channels,)).copy()
     zero_point = np.broadcast_to(np.asarray(layer.weight_zero_point, np.int32), (channels,)).copy()
@@ -78,7 +81,21 @@ def lower_conv(layer: QdqLayer, q_in: Quant, q_out: Quant) -> Conv:
         bias = np.round(np.asarray(layer.bias, np.float64) / bias_scale).astype(np.int32)
     else:
         bias = np.asarray(layer.bias).astype(np.int32)
-    multiplier, shift = conv_requantization(q_in.scale, weight_scale, q_out.scale)
+    if q_out is None:  # the logits left in float: the accumulator is the output
+        multiplier, shift = np.zeros(channels, np.int64), np.zeros(channels, np.int64)
+        act_min, act_max = -(2**31), 2**31 - 1
+    else:
+        multiplier, shift = conv_requantization(q_in.scale, weight_scale, q_out.scale)
+        act_min, act_max = q_out.clamp_min(layer.relu), q_out.qmax
+    residual = None
+    if layer.residual is not None:
+        q_res = quants[layer.residual]
+        fraction = 2.0**RESIDUAL_FRACTION_BITS
+        multiplier, shift = conv_requantization(q_in.scale, weight_scale * np.float32(fraction), q_out.scale)
+        (res_multiplier,), (res_shift,) = quantize_multiplier(
+            np.float64(q_res.scale) * fraction / np.float64(q_out.scale)
+        )
+        residual = Residual(layer.residual, q_res, int(res_multiplier), int(res_shift))
     return Conv(
         name=layer.name,
         input=layer.inputs[0],
@@ -93,10 +110,11 @@ def lower_conv(layer: QdqLayer, q_in: Quant, q_out: Quant) -> Conv:
         output_quant=q_out,
         multiplier=multiplier,
         shift=shift,
-        act_min=q_out.clamp_min(layer.relu),
-        act_max=q_out.qmax,
+        act_min=act_min,
+        act_max=act_max,
         dense=layer.kind == "dense",
         rounding="single",
+        residual=residual,
     )
 
 
@@ -132,6 +150,27 @@ def lower_pool(layer: QdqLayer, q_in: Quant, q_out: Quant, window: int) -> Avera
     )
 
 
+def execution_order(layers: list[QdqLayer], input_name: str) -> list[QdqLayer]:
+    """``layers`` reordered so that each comes after the layers making its inputs and residual (a fused
+    conv + add reads a tensor that a later node of the graph may compute)."""
+    ready, ordered, pending = {input_name}, [], list(layers)
+    while pending:
+        layer = next(
+            (
+                candidate
+                for candidate in pending
+                if all(name in ready for name in candidate.inputs + [candidate.residual or input_name])
+            ),
+            None,
+        )
+        if layer is None:
+            raise ValueError(f"Layers {[p.name for p in pending]} read tensors no layer computes.")
+        pending.remove(layer)
+        ordered.append(layer)
+        ready.add(layer.output)
+    return ordered
+
+
 def lower(
     source: str,
     layers: list[QdqLayer],
@@ -143,10 +182,12 @@ def lower(
     """The integer description of a QDQ model: ``quants`` maps every quantized tensor to its quantization,
     ``pool_windows`` each average pool to its window size."""
     lowered: list[Layer] = []
-    for layer in layers:
-        q_out = quants[layer.output]
+    for layer in execution_order(layers, input_name):
+        q_out = quants.get(layer.output)
+        if q_out is None and (layer is not layers[-1] or layer.kind != "dense" or layer.relu):
+            raise ValueError(f"{layer.name}: only the last dense layer may leave its output unquantized.")
         if layer.kind in ("conv", "dense"):
-            lowered.append(lower_conv(layer, quants[layer.inputs[0]], q_out))
+            lowered.append(lower_conv(layer, quants[layer.inputs[0]], q_out, quants))
         elif layer.kind == "add":
             lowered.append(lower_add(layer, (quants[layer.inputs[0]], quants[layer.inputs[1]]), q_out))
         elif layer.kind == "average_pool":
