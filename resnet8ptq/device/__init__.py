@@ -1,1 +1,1 @@
-"""The device model: an integer description of quantized models, its executor, and compute-in-memory limits."""
+"""The device model: one integer form of quantized models, its executor, and compute-in-memory limits."""

@@ -9,7 +9,8 @@ What is modelled, per layer, for every output (a crossbar column) and every imag
   after a ReLU) is applied ``dac_bits`` bits per cycle, as two's-complement slices when it can be negative;
   the slices' results are shifted and added digitally.
 * **Weight slicing**: w - w_zp is stored as a sign (a differential pair of cells) and a magnitude cut into
-  ``cells_per_weight`` cells of ``bits_per_cell`` bits; each cell column is read on its own, shifted and added.
+  ``cells_per_weight`` cells of ``bits_per_cell`` bits; each cell column is read on its own, then shifted
+  and added.
 * **Programming noise** (aihwkit: ``w_noise``, ``PCM`` programming noise): each cell's level gets Gaussian
   noise of σ = ``weight_noise`` × the cell's full range (2^bits_per_cell - 1), drawn once per seed (the chip
   is programmed once, then every image runs on it).
@@ -31,7 +32,7 @@ import math
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F  # noqa: N812 (torch's convention)
+import torch.nn.functional as F
 
 from resnet8ptq.device.executor import Arithmetic
 from resnet8ptq.device.graph import Conv
@@ -120,7 +121,8 @@ class CrossbarArithmetic(Arithmetic):
             if needed > capacity:
                 raise ValueError(
                     f"{layer.name}: weights need {needed} magnitude bits, the cells hold {capacity} "
-                    f"(device.bits_per_cell={c.bits_per_cell} x device.cells_per_weight={c.cells_per_weight})."
+                    f"(device.bits_per_cell={c.bits_per_cell} x "
+                    f"device.cells_per_weight={c.cells_per_weight})."
                 )
             programmed = []
             for digit, shift in slices(magnitude, c.bits_per_cell, capacity, signed=False):

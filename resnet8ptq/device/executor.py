@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-import torch.nn.functional as F  # noqa: N812 (torch's convention)
+import torch.nn.functional as F
 
 from resnet8ptq.device.fixed_point import (
     ROUNDINGS,
@@ -87,7 +87,7 @@ def requantize_exact(
 
     ``acc`` is an integer-valued float tensor. The result is rounded in floating point from v = acc · scale,
     which equals TFLite's fixed-point result except where v lies near a half-integer: within the float error
-    (|v| · 2^-23 in float32, and only |v| below ``2 · (high - low)`` matters: beyond it the clamp decides), and
+    (|v| · 2^-23 in float32; only |v| below ``2 · (high - low)`` matters, beyond it the clamp decides), and
     for the ``double`` rounding within 2^-(right shift + 1), where the first rounding can carry it across.
     Those few values are recomputed with the exact int64 arithmetic
     (:data:`~resnet8ptq.device.fixed_point.ROUNDINGS`)."""
@@ -186,8 +186,9 @@ def average_pool(layer: AveragePool, x: torch.Tensor) -> torch.Tensor:
 
 
 def quantize_input(model: IntegerModel, images: np.ndarray) -> torch.Tensor:
-    """NHWC float32 images as the model's quantized input, NCHW (integer values in float32): x / scale in float32, rounded as the
-    source runtime rounds (TFLite: half away from zero; ONNX/torch QuantizeLinear: half to even)."""
+    """NHWC float32 images as the model's quantized input, NCHW (integer values in float32): x / scale in
+    float32, rounded as the source runtime rounds (TFLite: half away from zero; ONNX/torch QuantizeLinear:
+    half to even)."""
     q = model.input_quant
     scaled = torch.from_numpy(np.ascontiguousarray(images, np.float32)).permute(0, 3, 1, 2) / np.float32(
         q.scale
@@ -209,7 +210,7 @@ class Trace:
 
 
 def run_layer(layer: Layer, tensors: dict[str, torch.Tensor], arithmetic: Arithmetic) -> torch.Tensor:
-    """One layer's int output from the tensors computed so far; accumulators go to ``tensors['acc:'+name]``."""
+    """One layer's output from the tensors computed so far; accumulators go to ``tensors['acc:' + name]``."""
     if isinstance(layer, Conv):
         x = tensors[layer.input]
         if layer.dense and x.dim() == 4:

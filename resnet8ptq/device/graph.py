@@ -32,7 +32,7 @@ class Quant:
 
 
 RESIDUAL_FRACTION_BITS = 20
-"""Fractional bits of the fixed-point sum of a fused conv + add (as TFLite's add keeps 20 bits of headroom)."""
+"""Fraction bits of the fixed-point sum of a fused conv + add (TFLite's add keeps 20 bits of headroom too)."""
 
 
 @dataclass

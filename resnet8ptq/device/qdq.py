@@ -159,7 +159,7 @@ def execution_order(layers: list[QdqLayer], input_name: str) -> list[QdqLayer]:
             (
                 candidate
                 for candidate in pending
-                if all(name in ready for name in candidate.inputs + [candidate.residual or input_name])
+                if all(name in ready for name in [*candidate.inputs, candidate.residual or input_name])
             ),
             None,
         )

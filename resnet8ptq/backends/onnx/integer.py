@@ -39,7 +39,7 @@ def integer_model(path: Path) -> IntegerModel:
     quantizes = {}  # quantized tensor -> the float tensor it quantizes
     for node in graph.node:
         if node.op_type == "DequantizeLinear":
-            source, scale, zero_point = ([*node.input] + [""])[:3]
+            source, scale, zero_point = [*node.input, ""][:3]
             axis = next((a.i for a in node.attribute if a.name == "axis"), 1)
             values = constants.get(source)
             zp = constants[zero_point] if zero_point else np.zeros_like(constants[scale], np.int32)
@@ -85,7 +85,9 @@ def integer_model(path: Path) -> IntegerModel:
             break
         if node.op_type not in LAYER_OPS:
             if node.op_type not in PASS_THROUGH | {"QuantizeLinear", "DequantizeLinear"}:
-                raise ValueError(f"{Path(path).name}: op {node.op_type} is not covered by the integer executor.")
+                raise ValueError(
+                    f"{Path(path).name}: op {node.op_type} is not covered by the integer executor."
+                )
             continue
         output, relu = quantized_output(node.output[0])
         attributes = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}

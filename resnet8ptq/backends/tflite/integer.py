@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 from ai_edge_litert import schema_py_generated as schema
 
-from resnet8ptq.backends.tflite.flatbuffer import TFLiteModel, Tensor, read, tflite_layer_name
+from resnet8ptq.backends.tflite.flatbuffer import Tensor, TFLiteModel, read, tflite_layer_name
 from resnet8ptq.device.graph import (
     Add,
     AveragePool,
@@ -43,7 +43,7 @@ def quant(tensor: Tensor) -> Quant:
     """A quantized activation tensor's scale, zero point and integer range."""
     if tensor.dtype not in ("int8", "uint8") or len(tensor.scales) != 1:
         raise NotInteger(
-            f"tensor {tensor.name!r} is {tensor.dtype} with {len(tensor.scales)} scales: the integer executor "
+            f"tensor {tensor.name!r} is {tensor.dtype} with {len(tensor.scales)} scales: the integer form "
             f"covers 8-bit activations quantized per tensor (16x8 models are not covered yet)."
         )
     info = np.iinfo(tensor.dtype)
@@ -87,7 +87,9 @@ def conv(model: TFLiteModel, op: str, inputs: list[int], output: int, options: o
                 *same_padding(x.shape[1], weight.shape[2], stride[0]),
                 *same_padding(x.shape[2], weight.shape[3], stride[1]),
             )
-    bias = b.values.astype(np.int32) if b is not None and b.values is not None else np.zeros(channels, np.int32)
+    bias = (
+        b.values.astype(np.int32) if b is not None and b.values is not None else np.zeros(channels, np.int32)
+    )
     return Conv(
         name=tflite_layer_name(model, output),
         input=str(inputs[0]),
@@ -137,7 +139,9 @@ def average_pool(model: TFLiteModel, inputs: list[int], output: int, options: ob
         raise NotInteger(f"{y.name}: only a global average pool (the window is the whole input) is covered.")
     q_in, q_out = quant(x), quant(y)
     if (q_in.scale, q_in.zero_point) != (q_out.scale, q_out.zero_point):
-        raise NotInteger(f"{y.name}: TFLite's int8 AVERAGE_POOL_2D needs equal input and output quantization.")
+        raise NotInteger(
+            f"{y.name}: TFLite's int8 AVERAGE_POOL_2D needs equal input and output quantization."
+        )
     return AveragePool(tflite_layer_name(model, output), str(inputs[0]), str(output), q_in, q_out, True)
 
 
