@@ -20,6 +20,7 @@ import resnet8ptq.backends
 from resnet8ptq.algorithms import AlgoConfig
 from resnet8ptq.backends.base import QuantSpec
 from resnet8ptq.calibration import CalibConfig
+from resnet8ptq.device.config import DeviceConfig
 from resnet8ptq.dtype import DtypeConfig
 from resnet8ptq.search.objectives import SearchConfig
 from resnet8ptq.search.target import TargetConfig
@@ -59,6 +60,7 @@ class Config:
     dtype: DtypeConfig = MISSING  # the `dtype` group's choice
     calib: CalibConfig = MISSING  # the `calib` group's choice
     algo: AlgoConfig = MISSING  # the `algo` group's choice
+    device: DeviceConfig = MISSING  # the `device` group's choice
     per_channel: bool = False
     reduce_range: bool = False  # weights in 7 bits (ORT's reduce_range)
     raised_layers: list[str] = field(default_factory=list)  # layers at 16 bits (mixed precision)
@@ -109,12 +111,28 @@ def quant_spec(cfg: DictConfig) -> QuantSpec:
     try:
         for section in (cfg.algo, cfg.search, cfg.target):  # validated here with the rest, used elsewhere
             OmegaConf.to_object(section)
-        return QuantSpec(
+        spec = QuantSpec(
             dtype=OmegaConf.to_object(cfg.dtype),
             calib=OmegaConf.to_object(cfg.calib),
             per_channel=cfg.per_channel,
             reduce_range=cfg.reduce_range,
             raised_layers=tuple(cfg.raised_layers),
         )
+        check_device(OmegaConf.to_object(cfg.device), spec)
+        return spec
     except ValueError as err:
         raise ConfigError(str(err)) from err
+
+
+def check_device(device: DeviceConfig, spec: QuantSpec) -> None:
+    """Fail unless the `device` can run models of ``spec``: 8-bit activations only (no 16-bit layers yet),
+    and cells that hold the weights' magnitude."""
+    if not device.enabled:
+        return
+    if spec.dtype.activation_bits == 16 or spec.raised_layers:
+        raise ValueError(
+            f"device={device.kind} with 16-bit activations (dtype.activation_bits="
+            f"{spec.dtype.activation_bits}, raised_layers={list(spec.raised_layers)}): the integer form "
+            "covers 8-bit activations only."
+        )
+    device.check_weights(spec.dtype.weight, spec.dtype.weight_bits)

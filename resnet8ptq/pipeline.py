@@ -19,7 +19,7 @@ from mlflow.data.numpy_dataset import NumpyDataset
 from omegaconf import DictConfig, OmegaConf
 
 from resnet8ptq import drawing, hardware, records
-from resnet8ptq.algorithms import AlgoConfig, prepare
+from resnet8ptq.algorithms import AlgoConfig, Prepared, prepare
 from resnet8ptq.artifacts import evaluation_files
 from resnet8ptq.backends.base import KERAS_SOURCE, Backend, LayerError, QuantizedModel, QuantSpec
 from resnet8ptq.config import ConfigError, quant_spec
@@ -32,8 +32,9 @@ from resnet8ptq.data import (
     load_cifar10,
     to_model_input,
 )
+from resnet8ptq.device.config import DeviceConfig
 from resnet8ptq.evaluate import Baseline, evaluate_baseline
-from resnet8ptq.execution import evaluate_quantized
+from resnet8ptq.execution import QuantizedResult, evaluate_quantized
 from resnet8ptq.layers import check_raised, expected_raised, raised_in, sharing
 from resnet8ptq.mlperf import perf_subset_indices
 from resnet8ptq.model import CanonicalModel, ModelError, canonical_onnx, conversion_key, resolve_h5
@@ -54,6 +55,7 @@ def run(cfg: DictConfig, output_dir: Path, extra_tags: Mapping[str, str] | None 
     drawing.start()  # the charts' process starts up while the run sets up
     spec = quant_spec(cfg)  # invalid settings fail here, before any work
     algo: AlgoConfig = OmegaConf.to_object(cfg.algo)  # validated by quant_spec
+    device: DeviceConfig = OmegaConf.to_object(cfg.device)  # validated by quant_spec
     experiment_id = configure(cfg.mlflow)
     backend = make_backend(cfg)
     params = run_params(cfg)
@@ -63,6 +65,7 @@ def run(cfg: DictConfig, output_dir: Path, extra_tags: Mapping[str, str] | None 
     run_name = f"{backend.NAME}-{spec.dtype.label}-{spec.calib.method}-{granularity}"
     run_name += "".join(f"-{step}" for step in algo.steps)
     run_name += f"-raised{len(spec.raised_layers)}" if spec.raised_layers else ""
+    run_name += f"-{device.label}" if device.enabled else ""
     identity = result_identity(cfg, backend)
     extra_tags = dict(extra_tags or {})
     if spec.raised_layers:  # names checked before any work; the start configuration's hash groups the steps
@@ -78,7 +81,9 @@ def run(cfg: DictConfig, output_dir: Path, extra_tags: Mapping[str, str] | None 
         "reduce_range": str(spec.reduce_range).lower(),
         "config_hash": config_hash(params, identity),
         "git_commit": git_commit(),
+        **(device.tags() if device.enabled else {}),
     }
+    quantization_key = config_hash(without_device(params), identity)
     resumable = not cfg.rerun and "unknown" not in identity.values()
     finished = skip_finished(experiment_id, run_name, tags["config_hash"]) if resumable else None
     if finished is not None:
@@ -112,17 +117,29 @@ def run(cfg: DictConfig, output_dir: Path, extra_tags: Mapping[str, str] | None 
         )
         log_published_once(cfg, experiment_id, backend, baseline, data, params, run_tags, output_dir)
 
-        # 3. PTQ algorithms on the FP32 model (`algo`), then quantize.
-        prepared = prepare(
-            algo, canonical.onnx_path, calibration_images, spec, output_dir / "algo", cfg.data.seed
-        )
-        source = source_path(backend, canonical, prepared.onnx_path)
-        quantized = backend.quantize(source, calibration_images, spec, output_dir / "model")
-        shared = check_layers(quantized, spec, onnx.load(prepared.onnx_path))
-
-        # 4. Evaluate on the full test set: the reference semantics, and the runtime form on this CPU.
-        tolerance = cfg.native_tolerance_points
-        result = evaluate_quantized(quantized, test_images, test_labels, run_name, tolerance)
+        # 3-4. PTQ algorithms on the FP32 model (`algo`), quantize, and evaluate on the full test set: the
+        #      reference semantics, and the runtime form on this CPU. Device runs of one quantization (a
+        #      sweep over `device.*`) quantize and evaluate it once, in the first of them.
+        made = QUANTIZED.get(quantization_key) if device.enabled else None
+        if made is None:
+            made = quantize_and_evaluate(
+                cfg,
+                backend,
+                spec,
+                algo,
+                canonical,
+                calibration_images,
+                test_images,
+                test_labels,
+                output_dir,
+                run_name,
+            )
+            if device.enabled:
+                QUANTIZED.put(quantization_key, made)
+        else:
+            set_tags(run_id, {"device.quantization_run": made.run_name})
+            log.info("%s: reusing the quantized model of %s", run_name, made.run_name)
+        prepared, quantized, shared, result = made.prepared, made.quantized, made.shared, made.result
         log.info(
             "%s: accuracy %.4f (FP32 %.4f); %s: %s",
             run_name,
@@ -136,18 +153,46 @@ def run(cfg: DictConfig, output_dir: Path, extra_tags: Mapping[str, str] | None 
             result.reference, output_dir / "evaluation", run_name, baseline.evaluation
         )
         # The quantizer's own error: against the FP32 model it was given (after the algorithms), timed.
-        layer_errors: list[LayerError] = []
-        if cfg.layer_analysis:
-            start = time.perf_counter()
-            given = (
-                baseline.model
-                if not algo.steps
-                else backend.load_fp32(prepared.onnx_path, output_dir / "algo")
-            )
-            layer_errors = backend.layer_errors(given, quantized, calibration_images[:LAYER_ERROR_IMAGES])
-            quantized.metrics["layer_analysis_seconds"] = time.perf_counter() - start
+        if made.layer_errors is None:
+            made.layer_errors = []
+            if cfg.layer_analysis:
+                start = time.perf_counter()
+                given = (
+                    baseline.model
+                    if not algo.steps
+                    else backend.load_fp32(prepared.onnx_path, output_dir / "algo")
+                )
+                images = calibration_images[:LAYER_ERROR_IMAGES]
+                made.layer_errors = backend.layer_errors(given, quantized, images)
+                quantized.metrics["layer_analysis_seconds"] = time.perf_counter() - start
+        layer_errors = made.layer_errors
 
-        # 5. Log.
+        # 5. The device (`device`): the saved model's integer form run as the device computes, every image.
+        device_result = None
+        if device.enabled:
+            from resnet8ptq.device.evaluate import evaluate_device  # torch: only for device runs
+
+            integer = backend.integer_model(quantized.path)
+            device_result = evaluate_device(
+                integer,
+                device,
+                test_images,
+                test_labels,
+                calibration_images,
+                result.reference.predictions,
+                perf_subset,
+                run_name,
+            )
+            log.info(
+                "%s: accuracy on device %s %.4f (reference %.4f; %d predictions differ)",
+                run_name,
+                device.label,
+                device_result.accuracy,
+                result.reference.accuracy,
+                device_result.differing_from_reference,
+            )
+
+        # 6. Log.
         model = model_record(cfg, backend, quantized.path, test_images, inputs.quantized)
         records.log_quantized(
             run_id,
@@ -164,7 +209,76 @@ def run(cfg: DictConfig, output_dir: Path, extra_tags: Mapping[str, str] | None 
             shared,
             perf_subset,
         )
+        if device_result is not None:
+            records.log_device(
+                run_id, device_result, integer, test_images, result.reference.predictions, output_dir
+            )
     return run_id
+
+
+@dataclass
+class Made:
+    """A quantization's model and evaluation, kept for the device runs that share it."""
+
+    run_name: str  # the run that made it
+    prepared: Prepared
+    quantized: QuantizedModel
+    shared: dict[str, str]
+    result: QuantizedResult
+    layer_errors: list[LayerError] | None = (
+        None  # computed once, after the evaluation's charts are handed over
+    )
+
+
+class Recent:
+    """The few most recent quantizations of this process, by the config_hash of their settings without
+    `device` (a sweep over device settings quantizes once)."""
+
+    def __init__(self, size: int = 2) -> None:
+        self.size = size
+        self._items: dict[str, Made] = {}
+
+    def get(self, key: str) -> Made | None:
+        return self._items.get(key)
+
+    def put(self, key: str, made: Made) -> None:
+        self._items.pop(key, None)
+        self._items[key] = made
+        while len(self._items) > self.size:
+            self._items.pop(next(iter(self._items)))
+
+
+QUANTIZED = Recent()
+
+
+def without_device(params: Mapping[str, object]) -> dict[str, object]:
+    """The run's settings without the `device` group's: what its quantization depends on."""
+    return {key: value for key, value in params.items() if key != "device" and not key.startswith("device.")}
+
+
+def quantize_and_evaluate(
+    cfg: DictConfig,
+    backend: Backend,
+    spec: QuantSpec,
+    algo: AlgoConfig,
+    canonical: CanonicalModel,
+    calibration_images: np.ndarray,
+    test_images: np.ndarray,
+    test_labels: np.ndarray,
+    output_dir: Path,
+    run_name: str,
+) -> Made:
+    """The PTQ algorithms on the FP32 model (`algo`), the quantization, the check of its layers, and the
+    evaluation of both forms on the full test set."""
+    prepared = prepare(
+        algo, canonical.onnx_path, calibration_images, spec, output_dir / "algo", cfg.data.seed
+    )
+    source = source_path(backend, canonical, prepared.onnx_path)
+    quantized = backend.quantize(source, calibration_images, spec, output_dir / "model")
+    shared = check_layers(quantized, spec, onnx.load(prepared.onnx_path))
+    tolerance = cfg.native_tolerance_points
+    result = evaluate_quantized(quantized, test_images, test_labels, run_name, tolerance)
+    return Made(run_name, prepared, quantized, shared, result)
 
 
 def model_record(

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from mlflow.data.numpy_dataset import NumpyDataset
@@ -30,6 +30,10 @@ from resnet8ptq.layers import raised_in
 from resnet8ptq.statistics import accuracy_interval
 from resnet8ptq.tracking.models import log_datasets, log_model
 from resnet8ptq.tracking.runs import child_run, first_in_sweep, log_artifacts, log_metrics, set_tags
+
+if TYPE_CHECKING:  # the device modules import torch: only device runs load them
+    from resnet8ptq.device.evaluate import DeviceResult
+    from resnet8ptq.device.graph import IntegerModel
 
 QUANTIZATION_SETTINGS = ("dtype", "calib", "algo", "per_channel", "reduce_range", "native_tolerance_points")
 """Params and tags of a quantized run that an FP32 run does not have."""
@@ -241,3 +245,42 @@ def log_published(
         files = evaluation_files(result.reference, evaluation_dir, run_name, baseline.evaluation)
         model.log(run_id, run_name)  # while the charts are drawn
         log_artifacts(run_id, [*files, ("model", published.path)])
+
+
+def log_device(
+    run_id: str,
+    result: DeviceResult,
+    model: IntegerModel,
+    test_images: np.ndarray,
+    reference_predictions: np.ndarray,
+    output_dir: Path,
+) -> None:
+    """A device run's record (`device` != none): accuracy on the device over its noise draws, the reader of
+    the integer form, and the artifacts ``device/``: every test image's label with the reference's and the
+    device's prediction, the accuracy of each noise draw, the ADC steps, and the integer parameters with
+    golden vectors (:func:`resnet8ptq.device.export.export`)."""
+    import pandas as pd
+
+    from resnet8ptq.device.export import export
+
+    out_dir = output_dir / "device"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    predictions = out_dir / "predictions.csv"
+    pd.DataFrame(
+        {"label": result.labels, "reference": reference_predictions, "device": result.predictions}
+    ).to_csv(predictions, index_label="image")
+    draws = out_dir / "accuracy_by_draw.csv"
+    pd.DataFrame({"seed": range(len(result.accuracies)), "accuracy": result.accuracies}).to_csv(
+        draws, index=False
+    )
+    files = [predictions, draws]
+    if result.adc_shifts:
+        steps = out_dir / "adc_steps.csv"
+        pd.DataFrame(
+            {"layer": list(result.adc_shifts), "adc_step": [2**s for s in result.adc_shifts.values()]}
+        ).to_csv(steps, index=False)
+        files.append(steps)
+    files += export(model, test_images, out_dir)
+    log_metrics(run_id, result.metrics())
+    set_tags(run_id, {"device.source": model.source})
+    log_artifacts(run_id, [("device", path) for path in files])

@@ -20,6 +20,7 @@ import numpy as np
 from omegaconf import MISSING
 
 from resnet8ptq.calibration import CalibConfig
+from resnet8ptq.device.graph import IntegerModel
 from resnet8ptq.dtype import DtypeConfig
 
 
@@ -208,6 +209,11 @@ class Backend(ABC):
     ) -> QuantizedModel:
         """Calibrate on ``calibration_images`` (NHWC float32) and quantize the FP32 file :attr:`SOURCE`
         names; save the model under ``workdir``."""
+
+    def integer_model(self, path: Path) -> IntegerModel:
+        """The quantized model saved at ``path`` as integer layers (:mod:`resnet8ptq.device`): what `device`
+        runs. Backends without a reader refuse it."""
+        raise Unsupported(f"backend={self.NAME} has no integer form: it cannot run with device=integer|cim.")
 
     @abstractmethod
     def layer_errors(self, fp32: Model, quantized: QuantizedModel, images: np.ndarray) -> list[LayerError]:

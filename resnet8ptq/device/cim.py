@@ -29,34 +29,13 @@ ADC mismatch and non-linear ADC transfer curves, stuck cells, and any analog act
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
+from resnet8ptq.device.config import Crossbar
 from resnet8ptq.device.executor import Arithmetic
 from resnet8ptq.device.graph import Conv
-
-ADC_RANGES = ("calibrated", "worst_case")
-
-
-@dataclass(frozen=True)
-class Crossbar:
-    """The crossbar's parameters (``device=cim``; names as in the config, aihwkit's in docs/device.md)."""
-
-    rows: int | None = None  # rows per tile; None: one tile holds every term
-    adc_bits: int | None = None  # None: an ideal ADC (the partial sum read exactly)
-    adc_range: str = "calibrated"
-    dac_bits: int = 8
-    bits_per_cell: int = 8
-    cells_per_weight: int = 1
-    weight_noise: float = 0.0  # σ as a fraction of a cell's range
-    accumulator_bits: int = 32
-
-    @property
-    def ideal(self) -> bool:
-        """Whether nothing limits the arithmetic (then the accumulators equal the integer executor's)."""
-        return self.rows is None and self.adc_bits is None and self.weight_noise == 0
 
 
 def tile_sizes(terms: int, rows: int | None) -> list[int]:

@@ -30,10 +30,13 @@ RESULT_KEYS = (
     # Not the accuracy but what the run holds: a run without them is not reused by a sweep that wants them.
     "layer_analysis",
     "mlflow.log_models",
+    "device",
 )
+NOT_RESULT = ("device.batch_size",)
+"""Keys under RESULT_KEYS that change how a run computes, not what it gives (memory per step)."""
 
 
-GROUP_CHOICES = ("backend", "dtype", "calib", "algo")
+GROUP_CHOICES = ("backend", "dtype", "calib", "algo", "device")
 
 ADDED_DEFAULTS = {
     "dtype.activation_bits": "8",
@@ -44,6 +47,21 @@ ADDED_DEFAULTS = {
     "raised_layers": "[]",
     "layer_analysis": "True",
     "mlflow.log_models": "True",
+    **{
+        f"device.{key}": value
+        for key, value in {
+            "kind": "none",
+            "rows": "None",
+            "adc_bits": "None",
+            "adc_range": "calibrated",
+            "dac_bits": "8",
+            "bits_per_cell": "8",
+            "cells_per_weight": "1",
+            "weight_noise": "0.0",
+            "accumulator_bits": "32",
+            "noise_seeds": "5",
+        }.items()
+    },
 }
 """Settings added after runs were tracked, at the value that gives the earlier result: left out of the hash
 at that value, so the earlier runs keep their config_hash and resumed sweeps still find them."""
@@ -78,7 +96,7 @@ def config_hash(params: Mapping[str, Any], identity: Mapping[str, str]) -> str:
     relevant = {
         key: str(value)
         for key, value in params.items()
-        if key not in GROUP_CHOICES and (key in RESULT_KEYS or key.startswith(prefixes))
+        if key not in GROUP_CHOICES + NOT_RESULT and (key in RESULT_KEYS or key.startswith(prefixes))
     }
     relevant = {key: value for key, value in relevant.items() if ADDED_DEFAULTS.get(key) != value}
     relevant.update(identity)

@@ -35,6 +35,7 @@ from resnet8ptq.backends.base import (
 from resnet8ptq.backends.onnx import layer_errors
 from resnet8ptq.backends.onnx.reader import ImageReader, input_name
 from resnet8ptq.backends.onnx.widths import QUANT_TYPES, check_widths, layer_precision, tensor_overrides
+from resnet8ptq.device.graph import IntegerModel
 from resnet8ptq.layers import base_precision
 from resnet8ptq.model import save_onnx
 
@@ -187,6 +188,11 @@ class OnnxRuntimeBackend(Backend):
         integer_kernels, kernels = kernel_summary(onnx.load(optimized))
         optimized.unlink()
         return Runtime(predictor(sess), integer_kernels, kernels)
+
+    def integer_model(self, path: Path) -> IntegerModel:
+        from resnet8ptq.backends.onnx.integer import integer_model
+
+        return integer_model(path)
 
     def layer_errors(self, fp32: Model, quantized: QuantizedModel, images: np.ndarray) -> list[LayerError]:
         """SQNR with ORT's ``qdq_loss_debug`` (:func:`.layer_errors.measure`)."""

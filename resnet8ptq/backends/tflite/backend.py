@@ -43,6 +43,7 @@ from resnet8ptq.backends.tflite.flatbuffer import (
 )
 from resnet8ptq.backends.tflite.litert_runner import TFLiteRunner
 from resnet8ptq.backends.tflite.private_api import execution_nodes
+from resnet8ptq.device.graph import IntegerModel
 from resnet8ptq.fetch import sha256_of
 from resnet8ptq.layers import base_precision
 from resnet8ptq.model import converter_versions
@@ -209,6 +210,11 @@ class TFLiteBackend(Backend):
             metrics={"weights_bytes": float(sum(weight.values.nbytes for weight in model.weights))},
             tags={"weight_granularity": weight_granularity(model)},
         )
+
+    def integer_model(self, path: Path) -> IntegerModel:
+        from resnet8ptq.backends.tflite.integer import integer_model
+
+        return integer_model(path)
 
     def layer_errors(self, fp32: Model, quantized: QuantizedModel, images: np.ndarray) -> list[LayerError]:
         """SQNR of the quantized model against the float .tflite, both on reference kernels

@@ -55,6 +55,7 @@ from resnet8ptq.backends.torch.quantizer import (
     compute_ranges,
     make_quantizer,
 )
+from resnet8ptq.device.graph import IntegerModel
 from resnet8ptq.layers import base_precision
 
 log = logging.getLogger(__name__)
@@ -168,6 +169,11 @@ class TorchBackend(Backend):
             return Runtime(reference, False, f"{why}; compiling failed ({err}): the q/dq program ran"), spent
         kernels = f"{why}: the q/dq program compiled by inductor into float kernels"
         return Runtime(compiled, False, kernels), spent + seconds
+
+    def integer_model(self, path: Path) -> IntegerModel:
+        from resnet8ptq.backends.torch.integer import integer_model
+
+        return integer_model(path)
 
     def layer_errors(self, fp32: Model, quantized: QuantizedModel, images: np.ndarray) -> list[LayerError]:
         """SQNR of the saved quantized program (its q/dq form, also for native runs) against the saved FP32

@@ -1,0 +1,153 @@
+"""The `device` config group (`conf/device/*.yaml`): where a quantized model's accuracy is measured besides
+the desktop runtimes. ``none`` (default: nothing is computed), ``integer`` (the ideal integer executor) or
+``cim`` (a compute-in-memory crossbar, :mod:`resnet8ptq.device.cim`; aihwkit's names in docs/device.md)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+
+KINDS = ("none", "integer", "cim")
+ADC_RANGES = ("calibrated", "worst_case")
+
+
+@dataclass(frozen=True)
+class Crossbar:
+    """A crossbar's parameters (:mod:`resnet8ptq.device.cim` models them; aihwkit's names: docs/device.md)."""
+
+    rows: int | None = None  # rows per tile; None: one tile holds every term
+    adc_bits: int | None = None  # None: an ideal ADC (the partial sum read exactly)
+    adc_range: str = "calibrated"
+    dac_bits: int = 8
+    bits_per_cell: int = 8
+    cells_per_weight: int = 1
+    weight_noise: float = 0.0  # σ as a fraction of a cell's range
+    accumulator_bits: int = 32
+
+
+@dataclass
+class DeviceConfig:
+    """The device a quantized model is evaluated on. Every crossbar setting's default is the ideal one, so
+    ``device=cim`` alone equals ``device=integer``; each limit is the user's explicit choice."""
+
+    kind: str = "none"
+    rows: int | None = None  # crossbar rows per tile (aihwkit: mapping.max_input_size); null: one tile
+    adc_bits: int | None = None  # ADC resolution per partial sum (aihwkit: forward.out_res); null: ideal
+    adc_range: str = "calibrated"  # the ADC's full scale: calibrated | worst_case
+    dac_bits: int = 8  # input bits per cycle (aihwkit: forward.inp_res); 8: the whole input at once
+    bits_per_cell: int = 8  # levels of one memory cell, in bits
+    cells_per_weight: int = 1  # cells a weight's magnitude is sliced over
+    weight_noise: float = 0.0  # programming noise σ, a fraction of a cell's range (aihwkit: w_noise)
+    accumulator_bits: int = 32  # the digital accumulator adding the tiles (saturating)
+    noise_seeds: int = 5  # noise draws a noisy device is evaluated over (mean, std, 95% interval)
+    batch_size: int = 500  # images per step of the executor (memory, not results)
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"device={self.kind!r}: expected one of {', '.join(KINDS)}.")
+        changed = [f.name for f in fields(self) if f.name not in ("kind", "batch_size") and _changed(self, f)]
+        if self.kind != "cim" and changed:
+            options = ", ".join(f"device.{name}={getattr(self, name)}" for name in changed)
+            raise ValueError(
+                f"{options} with device={self.kind}: crossbar settings need device=cim "
+                f"({'the ideal integer executor has none' if self.kind == 'integer' else 'no device is on'})."
+            )
+        checks = [
+            (self.rows is None or self.rows >= 1, f"device.rows={self.rows}: expected >= 1 rows, or null"),
+            (
+                self.adc_bits is None or 2 <= self.adc_bits <= 24,
+                f"device.adc_bits={self.adc_bits}: expected 2..24 bits (a signed ADC), or null (ideal)",
+            ),
+            (
+                self.adc_range in ADC_RANGES,
+                f"device.adc_range={self.adc_range!r}: expected one of {', '.join(ADC_RANGES)}",
+            ),
+            (1 <= self.dac_bits <= 16, f"device.dac_bits={self.dac_bits}: expected 1..16 bits per cycle"),
+            (1 <= self.bits_per_cell <= 16, f"device.bits_per_cell={self.bits_per_cell}: expected 1..16"),
+            (self.cells_per_weight >= 1, f"device.cells_per_weight={self.cells_per_weight}: expected >= 1"),
+            (
+                math.isfinite(self.weight_noise) and self.weight_noise >= 0,
+                f"device.weight_noise={self.weight_noise}: expected a σ >= 0 (a fraction of a cell's range)",
+            ),
+            (
+                8 <= self.accumulator_bits <= 64,
+                f"device.accumulator_bits={self.accumulator_bits}: expected 8..64 bits",
+            ),
+            (self.noise_seeds >= 1, f"device.noise_seeds={self.noise_seeds}: expected >= 1"),
+            (self.batch_size >= 1, f"device.batch_size={self.batch_size}: expected >= 1"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(message + ".")
+
+    @property
+    def enabled(self) -> bool:
+        return self.kind != "none"
+
+    @property
+    def seeds(self) -> int:
+        """Noise draws to evaluate: ``noise_seeds`` when the device is noisy, else one."""
+        return self.noise_seeds if self.kind == "cim" and self.weight_noise > 0 else 1
+
+    @property
+    def label(self) -> str:
+        """The device part of a run's name: ``int``, or ``cim`` with the settings that differ from ideal
+        (``cim-r64-adc4``, ``cim-c2x4-n0.02``)."""
+        if self.kind != "cim":
+            return "int"
+        parts = ["cim"]
+        parts += [f"r{self.rows}"] if self.rows is not None else []
+        parts += [f"adc{self.adc_bits}"] if self.adc_bits is not None else []
+        parts += ["wc"] if self.adc_range != "calibrated" and self.adc_bits is not None else []
+        parts += [f"dac{self.dac_bits}"] if self.dac_bits != 8 else []
+        parts += (
+            [f"c{self.bits_per_cell}x{self.cells_per_weight}"]
+            if (self.bits_per_cell, self.cells_per_weight) != (8, 1)
+            else []
+        )
+        parts += [f"n{self.weight_noise:g}"] if self.weight_noise else []
+        parts += [f"acc{self.accumulator_bits}"] if self.accumulator_bits != 32 else []
+        return "-".join(parts)
+
+    def crossbar(self) -> Crossbar:
+        """The crossbar these settings describe (``integer``: the ideal one)."""
+        if self.kind != "cim":
+            return Crossbar()
+        return Crossbar(
+            rows=self.rows,
+            adc_bits=self.adc_bits,
+            adc_range=self.adc_range,
+            dac_bits=self.dac_bits,
+            bits_per_cell=self.bits_per_cell,
+            cells_per_weight=self.cells_per_weight,
+            weight_noise=self.weight_noise,
+            accumulator_bits=self.accumulator_bits,
+        )
+
+    def check_weights(self, signedness: str, weight_bits: int) -> None:
+        """Fail unless the cells can hold the magnitude of every weight the `dtype` allows: signed
+        (symmetric) weights need ``weight_bits - 1`` magnitude bits, unsigned ones (w - zp up to
+        2^bits - 1) ``weight_bits``."""
+        needed = weight_bits if signedness.startswith("u") else weight_bits - 1
+        capacity = self.bits_per_cell * self.cells_per_weight
+        if self.kind == "cim" and capacity < needed:
+            raise ValueError(
+                f"device.bits_per_cell={self.bits_per_cell} x "
+                f"device.cells_per_weight={self.cells_per_weight} hold {capacity} magnitude bits; "
+                f"{weight_bits}-bit {signedness} weights need {needed}."
+            )
+
+    def tags(self) -> dict[str, str]:
+        """The run's ``device.*`` tags: the kind and, for a crossbar, every setting."""
+        tags = {"device.kind": self.kind}
+        if self.kind == "cim":
+            tags |= {
+                f"device.{f.name}": str(getattr(self, f.name)).lower()
+                for f in fields(self)
+                if f.name not in ("kind", "batch_size")
+            }
+        return tags
+
+
+def _changed(config: DeviceConfig, field: object) -> bool:
+    return getattr(config, field.name) != field.default

@@ -1,0 +1,128 @@
+"""A quantized model's accuracy on a device (`device=integer|cim`): its integer form run on the full test set,
+once per noise draw, with the ADC ranges set first where the device has ADCs."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+from tqdm import tqdm
+
+from resnet8ptq.device.cim import CrossbarArithmetic, step_shift, worst_case_full_scale
+from resnet8ptq.device.config import DeviceConfig
+from resnet8ptq.device.executor import Arithmetic, Ideal, execute, predictions
+from resnet8ptq.device.graph import IntegerModel
+from resnet8ptq.statistics import accuracy_interval
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class DeviceResult:
+    """Accuracy on the device: per noise draw, their mean with its spread and 95% interval, and what the
+    hardware team needs to compare (the first draw's predictions, the ADC steps used)."""
+
+    accuracies: list[float]
+    predictions: np.ndarray  # the first draw's predicted class per test image
+    labels: np.ndarray
+    interval: tuple[float, float]
+    subset_accuracy: float  # mean over draws, on MLPerf Tiny's performance subset
+    differing_from_reference: int  # test images whose (first draw's) prediction differs from the reference
+    adc_shifts: dict[str, int] = field(default_factory=dict)  # per layer: the ADC step's exponent
+    seconds: float = 0.0
+
+    @property
+    def accuracy(self) -> float:
+        return float(np.mean(self.accuracies))
+
+    @property
+    def std(self) -> float:
+        return float(np.std(self.accuracies, ddof=1)) if len(self.accuracies) > 1 else 0.0
+
+    def metrics(self) -> dict[str, float]:
+        """The run's device metrics (the names are the contract the README lists)."""
+        return {
+            "accuracy_device": self.accuracy,
+            "accuracy_device_std": self.std,
+            "accuracy_device_ci_low": self.interval[0],
+            "accuracy_device_ci_high": self.interval[1],
+            "accuracy_device_perf_subset": self.subset_accuracy,
+            "device_differing_predictions": float(self.differing_from_reference),
+            "device_seconds": self.seconds,
+        }
+
+
+def seed_interval(accuracies: list[float], confidence: float = 0.95) -> tuple[float, float]:
+    """The t interval of the mean accuracy over noise draws (the draws are the device's variability)."""
+    from scipy import stats
+
+    n = len(accuracies)
+    mean = float(np.mean(accuracies))
+    half = stats.t.ppf((1 + confidence) / 2, n - 1) * np.std(accuracies, ddof=1) / np.sqrt(n)
+    return mean - half, mean + half
+
+
+def adc_shifts(model: IntegerModel, device: DeviceConfig, calibration_images: np.ndarray) -> dict[str, int]:
+    """Each layer's ADC step exponent: from the largest |partial sum| on the calibration images through the
+    ideal network cut into the same tiles and slices (``calibrated``), or from the tile's largest possible
+    sum (``worst_case``). Empty for an ideal ADC."""
+    crossbar = device.crossbar()
+    if crossbar.adc_bits is None:
+        return {}
+    if crossbar.adc_range == "worst_case":
+        return {
+            layer.name: step_shift(worst_case_full_scale(layer, crossbar), crossbar.adc_bits)
+            for layer in model.convs
+        }
+    ideal_adc = CrossbarArithmetic(replace(crossbar, adc_bits=None, weight_noise=0.0))
+    ideal_adc.start_recording()
+    execute(model, calibration_images, ideal_adc, batch_size=device.batch_size)
+    largest = ideal_adc.stop_recording()
+    return {name: step_shift(value, crossbar.adc_bits) for name, value in largest.items()}
+
+
+def arithmetic(device: DeviceConfig, seed: int, shifts: dict[str, int]) -> Arithmetic:
+    """The device's arithmetic for one noise draw: the crossbar model for ``cim`` (even when ideal, so that
+    its equality with ``integer`` is tested), exact integers for ``integer``."""
+    if device.kind == "integer":
+        return Ideal()
+    return CrossbarArithmetic(device.crossbar(), seed=seed, adc_shifts=shifts)
+
+
+def evaluate_device(
+    model: IntegerModel,
+    device: DeviceConfig,
+    images: np.ndarray,
+    labels: np.ndarray,
+    calibration_images: np.ndarray,
+    reference_predictions: np.ndarray,
+    perf_subset: np.ndarray,
+    name: str,
+) -> DeviceResult:
+    """Run ``model`` on ``device`` over every test image, once per noise draw (seeds 0, 1, ...)."""
+    start = time.perf_counter()
+    shifts = adc_shifts(model, device, calibration_images)
+    accuracies, subset, first = [], [], None
+    with tqdm(total=len(images) * device.seeds, desc=f"Device {name}", unit="img", leave=False) as bar:
+        for seed in range(device.seeds):
+            logits, _ = execute(
+                model, images, arithmetic(device, seed, shifts), device.batch_size, 0, bar.update
+            )
+            predicted = predictions(model, logits)
+            first = predicted if first is None else first
+            accuracies.append(float(np.mean(predicted == labels)))
+            subset.append(float(np.mean(predicted[perf_subset] == labels[perf_subset])))
+    correct = int(np.sum(first == labels))
+    interval = seed_interval(accuracies) if len(accuracies) > 1 else accuracy_interval(correct, len(labels))
+    return DeviceResult(
+        accuracies=accuracies,
+        predictions=first,
+        labels=labels,
+        interval=interval,
+        subset_accuracy=float(np.mean(subset)),
+        differing_from_reference=int(np.sum(first != reference_predictions)),
+        adc_shifts=shifts,
+        seconds=time.perf_counter() - start,
+    )
