@@ -28,13 +28,14 @@ ADC mismatch and non-linear ADC transfer curves, stuck cells, and any analog act
 
 from __future__ import annotations
 
+import itertools
 import math
 
+import numpy as np
 import torch
-import torch.nn.functional as F
 
 from resnet8ptq.device.config import Crossbar
-from resnet8ptq.device.executor import Arithmetic
+from resnet8ptq.device.executor import EXACT_FLOAT32, Arithmetic, float_conv
 from resnet8ptq.device.graph import Conv
 
 
@@ -116,30 +117,36 @@ class CrossbarArithmetic(Arithmetic):
 
     def accumulate(self, layer: Conv, x: torch.Tensor) -> torch.Tensor:
         c = self.crossbar
-        top, bottom, left, right = layer.padding
-        kh, kw = layer.weight.shape[2:]
-        n = x.shape[0]
-        out_h = (x.shape[2] + top + bottom - kh) // layer.stride[0] + 1
-        out_w = (x.shape[3] + left + right - kw) // layer.stride[1] + 1
-        columns = F.unfold(
-            F.pad(x.to(torch.float64), (left, right, top, bottom)), (kh, kw), stride=layer.stride
-        )
+        n, outputs = x.shape[0], len(layer.weight)
         in_bits, in_signed = value_bits(*input_range(layer))
-        input_slices = slices(columns, c.dac_bits, in_bits, in_signed)  # each (N, K, L)
-        weights = self.weight_slices(layer)
+        digits, x_shifts = zip(*slices(x, c.dac_bits, in_bits, in_signed), strict=True)
+        cells, w_shifts = zip(*self.weight_slices(layer), strict=True)
+        # One convolution gives every partial sum: the input slices stacked on the batch, and on the outputs
+        # every (tile, weight slice) pair as the weights masked to the tile's rows. Exact in float32 while no
+        # partial sum can reach 2^24 (the largest input digit times the largest column sum of cells).
+        sizes = tile_sizes(layer.terms, c.rows)
+        bounds = np.cumsum([0, *sizes])
+        masks = torch.zeros((len(sizes), layer.terms), dtype=torch.float64)
+        for tile, (low, high) in enumerate(itertools.pairwise(bounds)):
+            masks[tile, low:high] = 1
+        stacked = (masks[:, None, None, :] * torch.stack(cells)[None]).reshape(-1, *layer.weight.shape[1:])
+        largest = 2.0 ** min(c.dac_bits, in_bits) * float(stacked.abs().sum(dim=(1, 2, 3)).max())
+        dtype = torch.float32 if largest < EXACT_FLOAT32 else torch.float64
+        partial = float_conv(layer, torch.cat(digits), stacked.numpy(), dtype)  # (Sx·N, T·Sw·O, H', W')
+        read = self.adc(layer, partial)  # integers times a power of two: exact in float32 too
+        read = read.reshape(len(x_shifts), n, len(sizes), len(w_shifts), outputs, *partial.shape[2:])
+        if len(x_shifts) * len(w_shifts) == 1:
+            tiles = read[0, :, :, 0].to(torch.float64)  # (N, T, O, H', W')
+        else:  # shift and add the slices (powers of two: exact), summed in float64
+            significance = torch.tensor(
+                [[2.0 ** (xs + ws) for ws in w_shifts] for xs in x_shifts], dtype=read.dtype
+            ).reshape(len(x_shifts), 1, 1, len(w_shifts), 1, 1, 1)
+            tiles = (read * significance).sum(dim=(0, 3), dtype=torch.float64)
         limit = 2 ** (c.accumulator_bits - 1)
-        acc = torch.zeros((n, len(layer.weight), columns.shape[2]), dtype=torch.float64)
-        start = 0
-        for size in tile_sizes(layer.terms, c.rows):
-            tile = torch.zeros_like(acc)
-            for x_digit, x_shift in input_slices:
-                xs = x_digit[:, start : start + size]
-                for w_cells, w_shift in weights:
-                    partial = torch.matmul(w_cells[:, start : start + size], xs)  # (N, O, L)
-                    tile += self.adc(layer, partial) * 2.0 ** (x_shift + w_shift)
-            acc = (acc + tile).clamp_(-limit, limit - 1)
-            start += size
-        return acc.reshape(n, -1, out_h, out_w)
+        acc = torch.zeros_like(tiles[:, 0])
+        for tile in range(len(sizes)):  # the digital accumulator adds the tiles one by one, saturating
+            acc = (acc + tiles[:, tile]).clamp_(-limit, limit - 1)
+        return acc
 
     def adc(self, layer: Conv, partial: torch.Tensor) -> torch.Tensor:
         """A partial sum as the ADC reads it: rounded to the layer's power-of-two step, saturated to the

@@ -85,6 +85,14 @@ class DeviceConfig:
         return self.kind != "none"
 
     @property
+    def images_per_step(self) -> int:
+        """``batch_size`` divided by the slices a crossbar multiplies at once (bit-serial inputs of an 8-bit
+        activation × weight cells), so that memory stays about the same."""
+        if self.kind != "cim":
+            return self.batch_size
+        return max(1, self.batch_size // (math.ceil(8 / self.dac_bits) * self.cells_per_weight))
+
+    @property
     def seeds(self) -> int:
         """Noise draws to evaluate: ``noise_seeds`` when the device is noisy, else one."""
         return self.noise_seeds if self.kind == "cim" and self.weight_noise > 0 else 1

@@ -78,7 +78,7 @@ def adc_shifts(model: IntegerModel, device: DeviceConfig, calibration_images: np
         }
     ideal_adc = CrossbarArithmetic(replace(crossbar, adc_bits=None, weight_noise=0.0))
     ideal_adc.start_recording()
-    execute(model, calibration_images, ideal_adc, batch_size=device.batch_size)
+    execute(model, calibration_images, ideal_adc, batch_size=device.images_per_step)
     largest = ideal_adc.stop_recording()
     return {name: step_shift(value, crossbar.adc_bits) for name, value in largest.items()}
 
@@ -108,7 +108,7 @@ def evaluate_device(
     with tqdm(total=len(images) * device.seeds, desc=f"Device {name}", unit="img", leave=False) as bar:
         for seed in range(device.seeds):
             logits, _ = execute(
-                model, images, arithmetic(device, seed, shifts), device.batch_size, 0, bar.update
+                model, images, arithmetic(device, seed, shifts), device.images_per_step, 0, bar.update
             )
             predicted = predictions(model, logits)
             first = predicted if first is None else first
