@@ -83,9 +83,16 @@ def tradeoff_png(
     return path
 
 
-def accuracy_map_png(maps: dict[str, pd.DataFrame], kinds: dict[str, pd.DataFrame], path: Path) -> Path:
+def accuracy_map_png(
+    maps: dict[str, pd.DataFrame],
+    kinds: dict[str, pd.DataFrame],
+    path: Path,
+    axes_labels: tuple[str, str] = ("activation bits", "weight bits"),
+    title: str = "Accuracy by bit width (N native, N! native-mismatch, S simulated; grey: not run)",
+) -> Path:
     """One heatmap per panel (e.g. backend and granularity): weight bits (rows) x activation bits (columns)
-    of accuracy (%), each cell annotated with its accuracy and N (native) or S (simulated); blank: not run."""
+    of accuracy (%), each cell annotated with its accuracy and N (native) or S (simulated); blank: not run.
+    ``axes_labels`` (x, y) and ``title`` name other maps (the device's: ADC bits x rows)."""
     values = [m.to_numpy(float) for m in maps.values()]
     low = min(float(np.nanmin(v)) for v in values)
     high = max(float(np.nanmax(v)) for v in values)
@@ -95,19 +102,19 @@ def accuracy_map_png(maps: dict[str, pd.DataFrame], kinds: dict[str, pd.DataFram
     fig, axes = plt.subplots(rows, columns, figsize=(4.6 * columns, 3.9 * rows), squeeze=False)
     for ax in axes.flat[len(maps) :]:
         ax.axis("off")
-    for ax, (title, grid), matrix in zip(axes.flat, maps.items(), values, strict=False):
+    for ax, (panel, grid), matrix in zip(axes.flat, maps.items(), values, strict=False):
         ax.set_facecolor("0.92")  # configurations that did not run
         image = ax.imshow(matrix, cmap="viridis", vmin=low, vmax=high, origin="lower")
         ax.set_xticks(np.arange(grid.shape[1]), [str(c) for c in grid.columns])
         ax.set_yticks(np.arange(grid.shape[0]), [str(r) for r in grid.index])
-        ax.set(xlabel="activation bits", ylabel="weight bits", title=title)
+        ax.set(xlabel=axes_labels[0], ylabel=axes_labels[1], title=panel)
         for (row, col), value in np.ndenumerate(matrix):
             if np.isfinite(value):
-                kind = kinds[title].iat[row, col]
+                kind = kinds[panel].iat[row, col]
                 color = "black" if value > (low + high) / 2 else "white"
                 ax.text(col, row, f"{value:.1f}\n{kind}", ha="center", va="center", fontsize=7, color=color)
     fig.colorbar(image, ax=axes.ravel().tolist(), fraction=0.03, label="accuracy (%)")
-    fig.suptitle("Accuracy by bit width (N native, N! native-mismatch, S simulated; grey: not run)", y=1.03)
+    fig.suptitle(title, y=1.03)
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return path
@@ -183,5 +190,27 @@ def mixed_precision_png(searches: dict[str, tuple[pd.DataFrame, float | None]], 
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+DEVICE_NOISE_PNG = "report_device_noise.png"
+
+
+def device_noise_png(curves: dict[str, pd.DataFrame], lines: dict[str, float], path: Path) -> Path:
+    """Accuracy on the device (%) against the programming noise σ, one curve per configuration with its 95%
+    interval over the noise draws as error bars; horizontal lines for the reference accuracies (FP32, the
+    quantized model's reference, the ideal integer device)."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for label, curve in curves.items():
+        error = [curve["accuracy"] - curve["low"], curve["high"] - curve["accuracy"]]
+        ax.errorbar(curve["sigma"], curve["accuracy"], yerr=error, marker="o", capsize=3, label=label)
+    for (name, value), style in zip(lines.items(), ("--", ":", "-."), strict=False):
+        ax.axhline(value, linestyle=style, color="0.4", linewidth=1, label=f"{name} {value:.2f}")
+    ax.set(xlabel="programming noise σ (fraction of a cell's range)", ylabel="accuracy on the device (%)")
+    ax.set_title("Accuracy vs weight noise (mean over draws, 95% interval)")
+    ax.legend(fontsize=7)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return path

@@ -58,11 +58,17 @@ EMPTY_COLUMNS = [
     "raised_count",
     "base_hash",
     "reference",
+    "device",
 ]  # fmt: skip  (the columns runs_frame gives every run)
 
 
 METRIC_COLUMNS = (
     "accuracy",
+    "accuracy_device",
+    "accuracy_device_ci_low",
+    "accuracy_device_ci_high",
+    "accuracy_device_std",
+    "device_differing_predictions",
     "accuracy_perf_subset",
     "accuracy_ci_low",
     "accuracy_ci_high",
@@ -139,6 +145,7 @@ def runs_frame(runs: Iterable[Run]) -> pd.DataFrame:
                 "raised": raised,
                 "raised_count": len([name for name in raised.split(",") if name]),
                 "base_hash": tags.get("mixed_precision.base_hash", ""),
+                **device_columns(tags),
                 **metrics,
             }
         )
@@ -148,6 +155,48 @@ def runs_frame(runs: Iterable[Run]) -> pd.DataFrame:
     frame["config"] = _configs(frame)
     frame["label"] = _labels(frame)
     return frame
+
+
+DEVICE_SETTINGS = (
+    "rows",
+    "adc_bits",
+    "adc_range",
+    "dac_bits",
+    "bits_per_cell",
+    "cells_per_weight",
+    "weight_noise",
+    "accumulator_bits",
+)
+"""The crossbar settings a device run is tagged with (``device.<setting>``), columns ``device_<setting>``."""
+
+
+def device_columns(tags: dict[str, str]) -> dict[str, object]:
+    """A run's device: ``device`` (its run-name label, e.g. ``cim-r64-adc4``; empty without a device), the
+    quantization's hash without it (``quantization_hash``: device runs of one model share it) and every
+    crossbar setting as a number (NaN where ideal/unset)."""
+    kind = tags.get("device.kind", "none")
+    columns: dict[str, object] = {"device": "", **{f"device_{name}": np.nan for name in DEVICE_SETTINGS}}
+    if kind == "none":
+        return columns
+    from resnet8ptq.device.config import DeviceConfig
+
+    settings = {name: tags[f"device.{name}"] for name in DEVICE_SETTINGS if f"device.{name}" in tags}
+    typed = {name: _setting(value) for name, value in settings.items()}
+    columns["device"] = DeviceConfig(kind=kind, **typed).label
+    columns |= {f"device_{name}": value for name, value in typed.items() if isinstance(value, int | float)}
+    return columns
+
+
+def _setting(value: str) -> object:
+    """A ``device.*`` tag's value as the config held it."""
+    if value in ("none", "null"):
+        return None
+    for cast in (int, float):
+        try:
+            return cast(value)
+        except ValueError:
+            pass
+    return value
 
 
 def settings_key(params: dict[str, str]) -> str:
@@ -169,7 +218,8 @@ def _configs(frame: pd.DataFrame) -> list[str]:
             reduced = " reduce-range" if row.reduce_range == "true" else ""
             algo = f" {row.algo}" if row.algo not in ("none", "") else ""
             raised = f" +{row.raised_count}x16-bit" if row.raised_count else ""
-            configs.append(f"{row.backend} {row.dtype} {row.calib}{channel}{reduced}{algo}{raised}")
+            device = f" @{row.device}" if row.device else ""
+            configs.append(f"{row.backend} {row.dtype} {row.calib}{channel}{reduced}{algo}{raised}{device}")
     return configs
 
 

@@ -17,6 +17,7 @@ from mlflow.tracking import MlflowClient
 from resnet8ptq.config import ReportConfig
 from resnet8ptq.records import REFERENCE_TAG
 from resnet8ptq.report.analysis import hardware_lines
+from resnet8ptq.report.device import device_section
 from resnet8ptq.report.published import published_section
 from resnet8ptq.report.render import to_html
 from resnet8ptq.report.runs import ReportError, comparison_table, configured, latest_per_config, runs_frame
@@ -74,7 +75,8 @@ def markdown(report: Report) -> str:
         parts += published_section(table) + execution_section(table)
     if report.has_results:
         parts += significance_section(table)
-        parts += accuracy_map_section(report) + algorithm_section(table) + per_class_section(report)
+        parts += accuracy_map_section(report) + algorithm_section(table) + device_section(report)
+        parts += per_class_section(report)
         parts += layer_error_section(table) + tradeoff_section(report)
     parts.append(f"## Failed runs ({len(report.failed)})")
     parts.append(failed_rows(report.failed).markdown() if len(report.failed) else "None: every run finished.")

@@ -96,8 +96,9 @@ def run_cli(cli_env: dict[str, str]):
     return run
 
 
-TOOLCHAIN_SWEEP = ("-m", "backend=onnx,torch,tflite", "dtype=int8", "per_channel=true")
-"""The issue-12 command: the three toolchains' int8 beside MLPerf Tiny's own model."""
+TOOLCHAIN_SWEEP = ("-m", "backend=onnx,torch,tflite", "dtype=int8", "per_channel=true", "device=integer")
+"""The issue-12 command: the three toolchains' int8 beside MLPerf Tiny's own model; each also on the ideal
+integer device (issue 22)."""
 REGISTERED = "resnet8-best"
 
 

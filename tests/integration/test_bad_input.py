@@ -97,10 +97,27 @@ def test_unreachable_tracking_server_fails_fast(run_cli, tmp_path: Path) -> None
 # --- fails in the run: recorded in MLflow ------------------------------------------------------------------
 
 
-def test_bad_value_fails_before_the_run(run_cli, workdir: Path) -> None:
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            ("calib=entropy", "calib.num_quantized_bins=2048"),
+            "ConfigError: calib.num_quantized_bins=2048 must be >= 2 and smaller than calib.num_bins=2048",
+        ),
+        (("device=cim", "device.rows=0"), "ConfigError: device.rows=0: expected >= 1 rows, or null."),
+        (("device.adc_bits=6",), "ConfigError: device.adc_bits=6 with device=none: crossbar settings need"),
+        (
+            ("device=cim", "device.bits_per_cell=2", "device.cells_per_weight=3"),
+            "ConfigError: device.bits_per_cell=2 x device.cells_per_weight=3 hold 6 magnitude bits",
+        ),
+    ],
+    ids=["calibration", "device-rows", "device-option-without-device", "device-cells"],
+)
+def test_bad_value_fails_before_the_run(
+    run_cli, workdir: Path, overrides: tuple[str, ...], message: str
+) -> None:
     """A value of the right type that is not allowed: no quantized run; the sweep run holds the error."""
-    message = "ConfigError: calib.num_quantized_bins=2048 must be >= 2 and smaller than calib.num_bins=2048"
-    result = run_cli(workdir, "calib=entropy", "calib.num_quantized_bins=2048")
+    result = run_cli(workdir, *overrides)
     (parent,) = failed_cleanly(result, workdir, message)
     assert parent.info.status == "FAILED" and parent.data.tags["error"].startswith(message)
 

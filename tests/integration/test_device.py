@@ -1,0 +1,285 @@
+"""The device model on real models (issue 22): the integer form of every toolchain's model against its
+reference on the full test set, TFLite bit for bit against LiteRT's reference kernels layer by layer, golden
+vectors rebuilt from the exported parameters by NumPy alone, and a crossbar sweep that quantizes once."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from ai_edge_litert.interpreter import Interpreter, OpResolverType
+from mlflow.entities import Run
+from mlflow.tracking import MlflowClient
+
+from resnet8ptq.backends.tflite.integer import integer_model
+from resnet8ptq.backends.tflite.litert_runner import quantize
+from resnet8ptq.data import Cifar10, to_model_input
+from resnet8ptq.device.executor import execute
+from tests.integration.conftest import Sweeps
+
+DIFFERING_LIMITS = {"onnx": 100, "torch": 300}
+"""Test images whose prediction may differ between the integer form and the QDQ reference (of 10,000):
+measured 24 (ONNX Runtime: float conv rounding) and 144 (PyTorch: float biases rounded to int32) on an AMD
+EPYC; the limits leave room for other CPUs' float kernels in the reference."""
+
+
+def device_runs(sweeps: Sweeps) -> dict[str, Run]:
+    runs = [r for r in sweeps.children if r.data.tags.get("device.kind") == "integer"]
+    return {r.data.tags["backend"]: r for r in runs}
+
+
+def test_every_toolchain_runs_on_the_integer_device(sweeps: Sweeps) -> None:
+    """TFLite: the integer device's accuracy is the reference kernels' exactly, every prediction equal; ORT
+    and PyTorch: a few predictions differ, and the accuracy stays within half a point."""
+    runs = device_runs(sweeps)
+    assert set(runs) == {"onnx", "torch", "tflite"}
+    for backend, run in runs.items():
+        metrics, tags = run.data.metrics, run.data.tags
+        assert run.info.run_name.endswith("-int") and tags["device.source"].startswith(backend[:4])
+        assert (
+            metrics["accuracy_device_ci_low"]
+            < metrics["accuracy_device"]
+            < metrics["accuracy_device_ci_high"]
+        )
+        assert metrics["accuracy_device_std"] == 0
+        if backend == "tflite":
+            assert metrics["accuracy_device"] == metrics["accuracy"]
+            assert metrics["accuracy_device_perf_subset"] == metrics["accuracy_perf_subset"]
+            assert metrics["device_differing_predictions"] == 0
+        else:
+            assert 0 < metrics["device_differing_predictions"] <= DIFFERING_LIMITS[backend]
+            assert abs(metrics["accuracy_device"] - metrics["accuracy"]) <= 0.005
+
+
+def artifact_dir(sweeps: Sweeps, run: Run, path: str, tmp_path: Path) -> Path:
+    return Path(sweeps.client.download_artifacts(run.info.run_id, path, str(tmp_path)))
+
+
+def test_device_predictions_are_the_reference_kernels(sweeps: Sweeps, tmp_path: Path) -> None:
+    """The TFLite run's device/predictions.csv: all 10,000 device predictions equal LiteRT's BUILTIN_REF."""
+    table = pd.read_csv(
+        artifact_dir(sweeps, device_runs(sweeps)["tflite"], "device", tmp_path) / "predictions.csv"
+    )
+    assert len(table) == 10_000
+    assert (table["device"] == table["reference"]).all()
+
+
+def reference_layers(path: Path, images: np.ndarray, outputs: list[str]) -> dict[str, np.ndarray]:
+    """Every listed tensor of a .tflite model on LiteRT's reference kernels (NCHW for 4-D tensors)."""
+    interpreter = Interpreter(
+        model_path=str(path),
+        experimental_op_resolver_type=OpResolverType.BUILTIN_REF,
+        experimental_preserve_all_tensors=True,
+    )
+    detail = interpreter.get_input_details()[0]
+    interpreter.resize_tensor_input(detail["index"], images.shape)
+    interpreter.allocate_tensors()
+    if detail["dtype"] != np.float32:
+        images = quantize(images, *detail["quantization"], detail["dtype"])
+    interpreter.set_tensor(detail["index"], images)
+    interpreter.invoke()
+    tensors = {name: interpreter.get_tensor(int(name)) for name in outputs}
+    return {name: t.transpose(0, 3, 1, 2) if t.ndim == 4 else t for name, t in tensors.items()}
+
+
+@pytest.mark.parametrize("model", ["sweep", "mlperf"])
+def test_tflite_layers_bit_exact(
+    model: str, sweeps: Sweeps, cifar: Cifar10, assets_dir: Path, tmp_path: Path
+) -> None:
+    """Every layer's int8 output of the integer executor equals LiteRT's reference kernels on the first 100
+    test images: the sweep's converted model and MLPerf Tiny's shipped one."""
+    if model == "mlperf":
+        path = assets_dir / "models" / "pretrainedResnet_quant.tflite"
+    else:
+        (path,) = artifact_dir(sweeps, device_runs(sweeps)["tflite"], "model", tmp_path).glob("*.tflite")
+    images = to_model_input(cifar.test_images[:100])
+    integer = integer_model(path)
+    _, trace = execute(integer, images, batch_size=100, trace_images=100)
+    layers = [layer.output for layer in integer.layers]
+    reference = reference_layers(path, images, [integer.input, *layers])
+    for name in [integer.input, *layers]:
+        ours = trace.outputs[name].numpy().reshape(reference[name].shape)
+        assert np.array_equal(ours, reference[name]), (name, int((ours != reference[name]).sum()))
+
+
+# --- golden vectors, rebuilt by NumPy from the exported parameters alone ----------------------------------
+
+
+def mbqm(x: np.ndarray, multiplier: np.ndarray, shift: np.ndarray, rounding: str) -> np.ndarray:
+    """TFLite's MultiplyByQuantizedMultiplier as written in integer_model.json's scheme, in int64 NumPy."""
+    x, multiplier, shift = (np.asarray(v, np.int64) for v in (x, multiplier, shift))
+    if rounding == "single":
+        return (x * multiplier + (np.int64(1) << (30 - shift))) >> (31 - shift)
+    product = (x << np.maximum(shift, 0)) * multiplier
+    total = product + np.where(product >= 0, 1 << 30, 1 - (1 << 30))
+    high = np.sign(total) * (np.abs(total) >> 31)
+    right = np.maximum(-shift, 0)
+    mask = (np.int64(1) << right) - 1
+    return (high >> right) + ((high & mask) > (mask >> 1) + (high < 0))
+
+
+def numpy_conv(x: np.ndarray, weight: np.ndarray, stride: list[int], padding: list[int]) -> np.ndarray:
+    top, bottom, left, right = padding
+    x = np.pad(x, ((0, 0), (0, 0), (top, bottom), (left, right)))
+    kh, kw = weight.shape[2:]
+    windows = np.lib.stride_tricks.sliding_window_view(x, (kh, kw), axis=(2, 3))[
+        :, :, :: stride[0], :: stride[1]
+    ]
+    return np.einsum("nchwij,ocij->nohw", windows, weight)
+
+
+def rebuild(
+    description: dict, arrays: dict[str, np.ndarray], quantized_input: np.ndarray
+) -> tuple[dict, dict]:
+    """Every layer's output and accumulator, from the exported description alone."""
+    tensors, accumulators = {description["input"]: quantized_input.astype(np.int64)}, {}
+    for layer in description["layers"]:
+        key = f"{layer['index']:02d}/"
+        out_q = layer.get("output_quant")
+        if layer["kind"] == "Conv":
+            x = tensors[layer["input"]]
+            x = (x.reshape(*x.shape, 1, 1) if x.ndim == 2 else x) - layer["input_quant"]["zero_point"]
+            weight = (
+                arrays[key + "weight"].astype(np.int64)
+                - arrays[key + "weight_zero_point"][:, None, None, None]
+            )
+            acc = (
+                numpy_conv(x, weight, layer["stride"], layer["padding"])
+                + arrays[key + "bias"][None, :, None, None]
+            )
+            accumulators[layer["name"]] = acc
+            multiplier = arrays[key + "multiplier"][None, :, None, None]
+            shift = arrays[key + "shift"][None, :, None, None]
+            if out_q is None:
+                out = acc
+            elif layer["residual"]:
+                res = layer["residual"]
+                fraction = 20
+                conv_term = mbqm(acc, multiplier, shift, "single")
+                res_term = mbqm(
+                    tensors[res["tensor"]] - res["quant"]["zero_point"],
+                    res["multiplier"],
+                    res["shift"],
+                    "single",
+                )
+                out = ((conv_term + res_term + (1 << (fraction - 1))) >> fraction) + out_q["zero_point"]
+            else:
+                out = mbqm(acc, multiplier, shift, layer["rounding"]) + out_q["zero_point"]
+            tensors[layer["output"]] = (
+                out if out_q is None else np.clip(out, layer["act_min"], layer["act_max"])
+            )
+        elif layer["kind"] == "Add":
+            total = 0
+            for name, q, m, s in zip(
+                layer["inputs"],
+                layer["input_quants"],
+                layer["input_multipliers"],
+                layer["input_shifts"],
+                strict=True,
+            ):
+                total = total + mbqm(
+                    (tensors[name] - q["zero_point"]) << layer["left_shift"], m, s, layer["rounding"]
+                )
+            out = mbqm(total, layer["output_multiplier"], layer["output_shift"], layer["rounding"])
+            tensors[layer["output"]] = np.clip(out + out_q["zero_point"], layer["act_min"], layer["act_max"])
+        else:  # AveragePool over the whole input
+            x = tensors[layer["input"]]
+            count = x.shape[2] * x.shape[3]
+            total = x.sum(axis=(2, 3), keepdims=True)
+            if layer["half_to_even"]:
+                quotient = total // count
+                rest = 2 * (total - quotient * count)
+                out = quotient + ((rest > count) | ((rest == count) & (quotient % 2 == 1)))
+            else:
+                out = np.sign(total) * ((np.abs(total) + count // 2) // count)
+            tensors[layer["output"]] = np.clip(out, out_q["qmin"], out_q["qmax"])
+    return tensors, accumulators
+
+
+@pytest.mark.parametrize("backend", ["onnx", "torch", "tflite"])
+def test_golden_vectors_rebuild_from_the_export(sweeps: Sweeps, tmp_path: Path, backend: str) -> None:
+    directory = artifact_dir(sweeps, device_runs(sweeps)[backend], "device", tmp_path)
+    description = json.loads((directory / "integer_model.json").read_text())
+    with np.load(directory / "integer_model.npz") as npz:
+        arrays = dict(npz)
+    with np.load(directory / "golden.npz") as npz:
+        golden = dict(npz)
+    assert golden["input"].shape[0] == 16
+    tensors, accumulators = rebuild(description, arrays, golden["input"])
+    for layer in description["layers"]:
+        expected = golden[f"output/{layer['output']}"]
+        assert np.array_equal(tensors[layer["output"]].reshape(expected.shape), expected), layer["name"]
+        if layer["kind"] == "Conv":
+            expected = golden[f"accumulator/{layer['name']}"]
+            assert np.array_equal(accumulators[layer["name"]][:1].reshape(expected.shape), expected)
+
+
+# --- a crossbar sweep: one quantization, several devices -------------------------------------------------
+
+CIM_SWEEP = (
+    "-m",
+    "backend=onnx",
+    "dtype=int8",
+    "per_channel=true",
+    "device=cim",
+    "device.rows=128",
+    "device.adc_bits=4,8",
+    "layer_analysis=false",
+    "mlflow.log_models=false",
+)
+
+
+@pytest.fixture(scope="module")
+def cim_runs(run_cli, initialised_store: Path, tmp_path_factory: pytest.TempPathFactory) -> list[Run]:
+    workdir = tmp_path_factory.mktemp("cim")
+    shutil.copy(initialised_store, workdir / "mlflow.db")
+    result = run_cli(workdir, *CIM_SWEEP)
+    assert result.returncode == 0, result.stderr[-3000:]
+    client = MlflowClient(f"sqlite:///{workdir / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("resnet8ptq")
+    runs = client.search_runs(
+        [experiment.experiment_id], "tags.quantized = 'true'", order_by=["attributes.start_time ASC"]
+    )
+    return runs
+
+
+def test_a_device_sweep_quantizes_once(cim_runs: list[Run]) -> None:
+    first, second = cim_runs
+    assert [r.data.tags["device.adc_bits"] for r in cim_runs] == ["4", "8"]
+    assert second.data.tags["device.quantization_run"] == first.info.run_name
+    assert "device.quantization_run" not in first.data.tags
+    for key in ("quantize_seconds", "calib_seconds", "accuracy"):
+        assert first.data.metrics[key] == second.data.metrics[key]
+    assert first.data.tags["config_hash"] != second.data.tags["config_hash"]
+
+
+def test_adc_bits_decide_the_device_accuracy(cim_runs: list[Run]) -> None:
+    """A 4-bit ADC over 128-row partial sums loses most of the accuracy; 8 bits keep it within 2 points."""
+    coarse, fine = (r.data.metrics for r in cim_runs)
+    assert coarse["accuracy_device"] < fine["accuracy_device"] - 0.1
+    assert fine["accuracy_device"] > fine["accuracy"] - 0.02
+
+
+def test_export_cli_for_any_quantized_run(sweeps: Sweeps, cli_env: dict[str, str], tmp_path: Path) -> None:
+    """`python -m resnet8ptq.export` on MLPerf Tiny's published model's run (not a device run): the files are
+    logged into the run and its golden vectors rebuild from them; an FP32 run is refused."""
+    (published,) = [r for r in sweeps.children if r.data.tags.get("reference") == "mlperf"]
+    uri = f"sqlite:///{sweeps.workdir / 'mlflow.db'}"
+    command = [sys.executable, "-m", "resnet8ptq.export", "--tracking-uri", uri]
+    done = subprocess.run([*command, published.info.run_id], env=cli_env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    directory = artifact_dir(sweeps, published, "device", tmp_path)
+    description = json.loads((directory / "integer_model.json").read_text())
+    with np.load(directory / "integer_model.npz") as npz, np.load(directory / "golden.npz") as golden:
+        tensors, _ = rebuild(description, dict(npz), golden["input"])
+        last = description["layers"][-1]["output"]
+        assert np.array_equal(tensors[last].reshape(golden[f"output/{last}"].shape), golden[f"output/{last}"])
+    fp32 = next(r for r in sweeps.children if r.data.tags.get("quantized") == "false")
+    refused = subprocess.run([*command, fp32.info.run_id], env=cli_env, capture_output=True, text=True)
+    assert refused.returncode == 2 and "is not a quantized run" in refused.stderr

@@ -1,0 +1,76 @@
+"""The report's device section on a synthetic sweep: a crossbar grid (ADC bits x rows), a noise sweep and the
+ideal integer device, one quantized model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from resnet8ptq.report import writer as report
+from tests.unit.test_report import AVX2, _log, _metrics, _run
+
+GRID = {(64, 4): 0.20, (64, 8): 0.86, (128, 4): 0.12, (128, 8): 0.85, (256, 4): 0.10, (256, 8): 0.80}
+NOISE = {0.0: (0.868, 0.0), 0.02: (0.70, 0.01), 0.05: (0.30, 0.03)}
+
+
+def device_tags(**settings: object) -> dict[str, str]:
+    defaults = {"rows": "none", "adc_bits": "none", "adc_range": "calibrated", "dac_bits": 8}
+    defaults |= {"bits_per_cell": 8, "cells_per_weight": 1, "weight_noise": 0.0, "accumulator_bits": 32}
+    return {"device.kind": "cim", **{f"device.{k}": str(v) for k, v in (defaults | settings).items()}}
+
+
+@pytest.fixture(scope="module")
+def markdown(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
+    root = tmp_path_factory.mktemp("device-report")
+    client = MlflowClient(f"sqlite:///{root / 'mlflow.db'}")
+    experiment = client.create_experiment("resnet8ptq", artifact_location=(root / "mlruns").as_uri())
+    sweep_dir = root / "sweep"
+    tags = {"sweep": "true", "sweep_kind": "sweep", "sweep_dir": str(sweep_dir), "overrides": "synthetic"}
+    parent = client.create_run(experiment, run_name="sweep", tags=tags).info.run_id
+    base = AVX2.tags() | {"backend": "onnx", "dtype.activation": "int8", "dtype.weight": "int8"}
+    base |= {"calib": "minmax", "per_channel": "true", "execution": "native"}
+    params = {"dtype": "int8", "calib": "minmax", "backend": "onnx", "data.seed": "42"}
+    fp32 = _run(client, experiment, parent, "onnx-fp32", 1, quantized="false")
+    _log(client, fp32, _metrics("fp32", 0.8719, 320_000, 900.0), {"backend": "onnx"}, AVX2.tags(), "FINISHED")
+    runs = [({"device.kind": "integer"}, 0.8693, 0.0)]
+    runs += [(device_tags(rows=r, adc_bits=b), accuracy, 0.0) for (r, b), accuracy in GRID.items()]
+    runs += [(device_tags(weight_noise=s), accuracy, std) for s, (accuracy, std) in NOISE.items()]
+    for start, (device, accuracy, std) in enumerate(runs, 10):
+        run = _run(
+            client, experiment, parent, f"run{start}", start, quantized="true", config_hash=f"h{start}"
+        )
+        metrics = _metrics("q", 0.8695, 110_000, 4000.0) | {
+            "accuracy_device": accuracy,
+            "accuracy_device_std": std,
+            "accuracy_device_ci_low": accuracy - 2 * std - 0.005,
+            "accuracy_device_ci_high": accuracy + 2 * std + 0.005,
+            "device_differing_predictions": round((0.8695 - accuracy) * 10_000) + 20,
+        }
+        _log(client, run, metrics, params, base | device, "FINISHED")
+    client.set_terminated(parent, "FINISHED")
+    path = report.write_report(parent, tracking_uri=client.tracking_uri)
+    return (path.parent / "report.md").read_text(), path.parent
+
+
+def test_device_table_lists_every_device_run(markdown: tuple[str, Path]) -> None:
+    text, _ = markdown
+    section = text.split("## On the device", 1)[1]
+    assert "| onnx int8 minmax per-channel | int | 86.95 | 86.93" in section
+    assert "| onnx int8 minmax per-channel | cim-r64-adc8 | 86.95 | 86.00" in section
+    assert "cim-n0.05" in section and "3.00" in section  # the std over draws of the noisiest device
+
+
+def test_device_map_over_adc_bits_and_rows(markdown: tuple[str, Path]) -> None:
+    text, directory = markdown
+    assert "over adc bits × rows" in text
+    assert "| rows \\ adc bits | ideal | 4 | 8 |" in text
+    assert "| 64 | - | 20.0 | 86.0 |" in text and "| 256 | - | 10.0 | 80.0 |" in text
+    assert (directory / "report_device_map.png").stat().st_size > 10_000
+
+
+def test_noise_chart(markdown: tuple[str, Path]) -> None:
+    text, directory = markdown
+    assert "report_device_noise.png" in text
+    assert (directory / "report_device_noise.png").stat().st_size > 10_000
