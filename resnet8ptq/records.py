@@ -280,7 +280,13 @@ def log_device(
             {"layer": list(result.adc_shifts), "adc_step": [2**s for s in result.adc_shifts.values()]}
         ).to_csv(steps, index=False)
         files.append(steps)
+    if result.layer_sqnr:
+        sqnr = out_dir / "layer_sqnr.csv"
+        table = pd.DataFrame({"layer": list(result.layer_sqnr), "sqnr_db": list(result.layer_sqnr.values())})
+        table.to_csv(sqnr, index=False)
+        files.append(sqnr)
     files += export(model, test_images, out_dir)
     log_metrics(run_id, result.metrics())
-    set_tags(run_id, {"device.source": model.source})
+    worst = {"device.worst_layer": result.worst_layer} if result.layer_sqnr else {}
+    set_tags(run_id, {"device.source": model.source, **worst})
     log_artifacts(run_id, [("device", path) for path in files])

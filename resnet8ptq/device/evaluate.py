@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 from tqdm import tqdm
 
+from resnet8ptq.backends.base import sqnr_db
 from resnet8ptq.device.cim import CrossbarArithmetic, step_shift, worst_case_full_scale
 from resnet8ptq.device.config import DeviceConfig
 from resnet8ptq.device.executor import Arithmetic, Ideal, execute, predictions
@@ -31,6 +32,7 @@ class DeviceResult:
     subset_accuracy: float  # mean over draws, on MLPerf Tiny's performance subset
     differing_from_reference: int  # test images whose (first draw's) prediction differs from the reference
     adc_shifts: dict[str, int] = field(default_factory=dict)  # per layer: the ADC step's exponent
+    layer_sqnr: dict[str, float] = field(default_factory=dict)  # per layer: the device vs the ideal (dB)
     seconds: float = 0.0
 
     @property
@@ -51,7 +53,14 @@ class DeviceResult:
             "accuracy_device_perf_subset": self.subset_accuracy,
             "device_differing_predictions": float(self.differing_from_reference),
             "device_seconds": self.seconds,
+            **({"device_sqnr_min_db": min(self.layer_sqnr.values())} if self.layer_sqnr else {}),
         }
+
+    @property
+    def worst_layer(self) -> str:
+        """The layer whose outputs the device changes most (lowest SQNR against the ideal integer device)."""
+        name = min(self.layer_sqnr, key=self.layer_sqnr.get)
+        return f"{name} ({self.layer_sqnr[name]:.1f} dB)"
 
 
 def seed_interval(accuracies: list[float], confidence: float = 0.95) -> tuple[float, float]:
@@ -81,6 +90,25 @@ def adc_shifts(model: IntegerModel, device: DeviceConfig, calibration_images: np
     execute(model, calibration_images, ideal_adc, batch_size=device.images_per_step)
     largest = ideal_adc.stop_recording()
     return {name: step_shift(value, crossbar.adc_bits) for name, value in largest.items()}
+
+
+SQNR_IMAGES = 200
+"""Test images the per-layer SQNR of a device is measured on."""
+
+
+def layer_sqnr(model: IntegerModel, device: Arithmetic, images: np.ndarray) -> dict[str, float]:
+    """Each layer's output on the device against the ideal integer device (its own input included, so the
+    errors accumulate as on the chip): SQNR in dB of the centred integers (q - zero point)."""
+    _, ideal = execute(model, images, Ideal(), len(images), len(images))
+    _, real = execute(model, images, device, len(images), len(images))
+    result = {}
+    for layer in model.layers:
+        q = layer.output_quant
+        zero = q.zero_point if q is not None else 0
+        reference = ideal.outputs[layer.output].double() - zero
+        error = real.outputs[layer.output].double() - zero - reference
+        result[layer.name] = sqnr_db(float((reference**2).sum()), float((error**2).sum()))
+    return result
 
 
 def arithmetic(device: DeviceConfig, seed: int, shifts: dict[str, int]) -> Arithmetic:
@@ -114,6 +142,10 @@ def evaluate_device(
             first = predicted if first is None else first
             accuracies.append(float(np.mean(predicted == labels)))
             subset.append(float(np.mean(predicted[perf_subset] == labels[perf_subset])))
+    sqnr = {}
+    if device.kind == "cim":  # the ideal integer device is the reference itself
+        sample = images[: min(SQNR_IMAGES, device.images_per_step)]
+        sqnr = layer_sqnr(model, arithmetic(device, 0, shifts), sample)
     correct = int(np.sum(first == labels))
     interval = seed_interval(accuracies) if len(accuracies) > 1 else accuracy_interval(correct, len(labels))
     return DeviceResult(
@@ -124,5 +156,6 @@ def evaluate_device(
         subset_accuracy=float(np.mean(subset)),
         differing_from_reference=int(np.sum(first != reference_predictions)),
         adc_shifts=shifts,
+        layer_sqnr=sqnr,
         seconds=time.perf_counter() - start,
     )

@@ -12,6 +12,7 @@ from resnet8ptq.report.runs import DEVICE_SETTINGS, configured
 from resnet8ptq.report.sections import Report, Table
 
 DEVICE_MAP_PNG = "report_device_map.png"
+SQNR_IMAGES = 200  # as resnet8ptq.device.evaluate.SQNR_IMAGES (not imported: it loads torch)
 MAP_AXES = ("adc_bits", "rows", "dac_bits", "bits_per_cell", "cells_per_weight", "accumulator_bits")
 """Settings a device map can span (numbers; weight noise has its own chart)."""
 
@@ -33,6 +34,7 @@ def device_section(report: Report) -> list[str]:
             f"{100 * row.accuracy_device_ci_high:.2f})",
             f"{100 * row.accuracy_device_std:.2f}" if row.accuracy_device_std else "",
             f"{int(row.device_differing_predictions)}",
+            row.device_worst_layer,
         ]
         for row in runs.sort_values(["model", "accuracy_device"], ascending=[True, False]).itertuples()
     ]
@@ -43,11 +45,13 @@ def device_section(report: Report) -> list[str]:
         "on device % (95% CI)",
         "std over draws",
         "predictions differ",
+        "worst layer (SQNR vs the integer device)",
     ]
     section = [
         "## On the device",
         "Accuracy of each quantized model on the device model (docs/device.md) beside its reference "
-        "accuracy; `predictions differ`: test images whose class differs from the reference's (first draw).",
+        "accuracy; `predictions differ`: test images whose class differs from the reference's (first draw); "
+        f"worst layer: the lowest SQNR of its outputs against the integer device ({SQNR_IMAGES} images).",
         Table(headers, rows).markdown(),
     ]
     return section + device_map(report, runs) + noise_chart(report, runs)

@@ -176,6 +176,7 @@ def device_columns(tags: dict[str, str]) -> dict[str, object]:
     crossbar setting as a number (NaN where ideal/unset)."""
     kind = tags.get("device.kind", "none")
     columns: dict[str, object] = {"device": "", **{f"device_{name}": np.nan for name in DEVICE_SETTINGS}}
+    columns["device_worst_layer"] = tags.get("device.worst_layer", "")
     if kind == "none":
         return columns
     from resnet8ptq.device.config import DeviceConfig
