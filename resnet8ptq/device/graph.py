@@ -177,6 +177,36 @@ def conv_requantization(
     return quantize_multiplier(real / np.float64(np.float32(output_scale)))
 
 
+def integer_add(
+    name: str,
+    inputs: tuple[str, str],
+    output: str,
+    quants: tuple[Quant, Quant],
+    output_quant: Quant,
+    relu: bool,
+    rounding: str,
+) -> Add:
+    """An :class:`Add` of two 8-bit tensors with TFLite's parameters (:func:`add_requantization`)."""
+    multipliers, shifts, out_multiplier, out_shift = add_requantization(
+        (quants[0].scale, quants[1].scale), output_quant.scale
+    )
+    return Add(
+        name=name,
+        inputs=inputs,
+        output=output,
+        input_quants=quants,
+        output_quant=output_quant,
+        left_shift=20,
+        input_multipliers=multipliers,
+        input_shifts=shifts,
+        output_multiplier=out_multiplier,
+        output_shift=out_shift,
+        act_min=output_quant.clamp_min(relu),
+        act_max=output_quant.qmax,
+        rounding=rounding,
+    )
+
+
 def add_requantization(
     scales: tuple[float, float], output_scale: float, left_shift: int = 20
 ) -> tuple[tuple[int, int], tuple[int, int], int, int]:

@@ -33,8 +33,8 @@ from resnet8ptq.device.graph import (
     Layer,
     Quant,
     Residual,
-    add_requantization,
     conv_requantization,
+    integer_add,
 )
 
 INT8_RANGES = {"int8": (-128, 127), "uint8": (0, 255)}
@@ -119,24 +119,8 @@ def lower_conv(layer: QdqLayer, q_in: Quant, q_out: Quant | None, quants: dict[s
 
 
 def lower_add(layer: QdqLayer, quants: tuple[Quant, Quant], q_out: Quant) -> Add:
-    multipliers, shifts, out_multiplier, out_shift = add_requantization(
-        (quants[0].scale, quants[1].scale), q_out.scale
-    )
-    return Add(
-        name=layer.name,
-        inputs=(layer.inputs[0], layer.inputs[1]),
-        output=layer.output,
-        input_quants=quants,
-        output_quant=q_out,
-        left_shift=20,
-        input_multipliers=multipliers,
-        input_shifts=shifts,
-        output_multiplier=out_multiplier,
-        output_shift=out_shift,
-        act_min=q_out.clamp_min(layer.relu),
-        act_max=q_out.qmax,
-        rounding="single",
-    )
+    inputs = (layer.inputs[0], layer.inputs[1])
+    return integer_add(layer.name, inputs, layer.output, quants, q_out, layer.relu, "single")
 
 
 def lower_pool(layer: QdqLayer, q_in: Quant, q_out: Quant, window: int) -> AveragePool:

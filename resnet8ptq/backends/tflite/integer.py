@@ -23,8 +23,8 @@ from resnet8ptq.device.graph import (
     IntegerModel,
     Layer,
     Quant,
-    add_requantization,
     conv_requantization,
+    integer_add,
 )
 
 FUSED = {
@@ -113,23 +113,15 @@ def conv(model: TFLiteModel, op: str, inputs: list[int], output: int, options: o
 
 def add(model: TFLiteModel, inputs: list[int], output: int, options: object) -> Add:
     quants = (quant(model.tensors[inputs[0]]), quant(model.tensors[inputs[1]]))
-    q_out = quant(model.tensors[output])
-    multipliers, shifts, out_multiplier, out_shift = add_requantization(
-        (quants[0].scale, quants[1].scale), q_out.scale
-    )
-    return Add(
-        name=tflite_layer_name(model, output),
-        inputs=(str(inputs[0]), str(inputs[1])),
-        output=str(output),
-        input_quants=quants,
-        output_quant=q_out,
-        left_shift=20,
-        input_multipliers=multipliers,
-        input_shifts=shifts,
-        output_multiplier=out_multiplier,
-        output_shift=out_shift,
-        act_min=q_out.clamp_min(fused_relu(options, "ADD")),
-        act_max=q_out.qmax,
+    relu = fused_relu(options, "ADD")
+    return integer_add(
+        tflite_layer_name(model, output),
+        (str(inputs[0]), str(inputs[1])),
+        str(output),
+        quants,
+        quant(model.tensors[output]),
+        relu,
+        "double",
     )
 
 
