@@ -158,7 +158,7 @@ def test_resumed_sweep_reports_everything_it_covers(sweeps: Sweeps) -> None:
     assert "Nothing to report" not in report
     assert "reused from earlier sweeps: 3 configurations that had already FINISHED" in report
     for backend in ("onnx", "torch", "tflite"):
-        for label in (f"{backend} fp32", f"{backend} int8 minmax per-channel"):
+        for label in (f"{backend} fp32", f"{backend} int8 minmax per-channel @int"):  # on the integer device
             assert f"| {label} |" in report, label
     assert "| mlperf int8 (published) |" in report, "the earlier sweep's published model's run, reused"
 

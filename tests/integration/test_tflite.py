@@ -73,7 +73,7 @@ def test_three_toolchains_and_mlperf_side_by_side(sweeps: Sweeps) -> None:
         label = (
             "mlperf int8 (published)"
             if run is published
-            else f"{run.data.tags['backend']} int8 minmax per-channel"
+            else f"{run.data.tags['backend']} int8 minmax per-channel @int"  # device=integer
         )
         row = f"| {label} | {100 * metrics['accuracy']:.2f} |"
         assert row in section, row
