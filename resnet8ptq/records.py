@@ -35,8 +35,17 @@ if TYPE_CHECKING:  # the device modules import torch: only device runs load them
     from resnet8ptq.device.evaluate import DeviceResult
     from resnet8ptq.device.graph import IntegerModel
 
-QUANTIZATION_SETTINGS = ("dtype", "calib", "algo", "per_channel", "reduce_range", "native_tolerance_points")
-"""Params and tags of a quantized run that an FP32 run does not have."""
+QUANTIZATION_SETTINGS = (
+    "dtype",
+    "calib",
+    "algo",
+    "per_channel",
+    "reduce_range",
+    "native_tolerance_points",
+    "device",
+)
+"""Params and tags of a quantized run that an FP32 run does not have (``device.*``: a published or FP32
+model's run is never a device run)."""
 PERF_SUBSET_METRIC = "accuracy_perf_subset"
 """Accuracy on MLPerf Tiny's 200-image performance subset of the test set."""
 REFERENCE_TAG = "reference"
@@ -80,7 +89,11 @@ def unquantized(params: Mapping[str, Any], tags: Mapping[str, str]) -> tuple[dic
     configuration did not make (the FP32 baseline, a published model)."""
     return (
         {k: v for k, v in params.items() if not k.startswith(QUANTIZATION_SETTINGS)},
-        {k: v for k, v in tags.items() if k not in (*QUANTIZATION_SETTINGS, "config_hash")},
+        {
+            k: v
+            for k, v in tags.items()
+            if k not in (*QUANTIZATION_SETTINGS, "config_hash") and not k.startswith("device.")
+        },
     )
 
 
