@@ -25,13 +25,13 @@ from omegaconf import OmegaConf
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from resnet8ptq.backends.base import QuantSpec  # noqa: E402
 from resnet8ptq.calibration import CalibConfig  # noqa: E402
 from resnet8ptq.data import MD5_CACHE, calibration_set, load_cifar10, to_model_input  # noqa: E402
 from resnet8ptq.dtype import DtypeConfig  # noqa: E402
 from resnet8ptq.evaluate import evaluate_baseline  # noqa: E402
 from resnet8ptq.execution import evaluate_quantized  # noqa: E402
 from resnet8ptq.model import MODEL_SHA256, canonical_onnx, resolve_h5  # noqa: E402
+from resnet8ptq.spec import QuantSpec  # noqa: E402
 
 DEFAULTS = {"backend": "onnx", "dtype": "int8", "calib": "minmax", "per_channel": "false"}
 

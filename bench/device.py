@@ -21,7 +21,6 @@ import onnxruntime as ort
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from resnet8ptq.backends.base import QuantSpec  # noqa: E402
 from resnet8ptq.backends.onnx.backend import OnnxRuntimeBackend  # noqa: E402
 from resnet8ptq.backends.onnx.integer import integer_model  # noqa: E402
 from resnet8ptq.calibration import CalibConfig  # noqa: E402
@@ -32,6 +31,7 @@ from resnet8ptq.device.executor import execute  # noqa: E402
 from resnet8ptq.dtype import DtypeConfig  # noqa: E402
 from resnet8ptq.hardware import detect  # noqa: E402
 from resnet8ptq.model import MODEL_SHA256, canonical_onnx, resolve_h5  # noqa: E402
+from resnet8ptq.spec import QuantSpec  # noqa: E402
 
 DEVICES = {
     "integer": DeviceConfig(kind="integer"),

@@ -23,10 +23,8 @@ from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig, OmegaConf
 
 from resnet8ptq import hardware
-from resnet8ptq.backends.base import Unsupported
-from resnet8ptq.config import ConfigError, ReportConfig
-from resnet8ptq.data import DataError
-from resnet8ptq.model import ModelError
+from resnet8ptq.config import ReportConfig
+from resnet8ptq.errors import ConfigError, DataError, ModelError, TrackingError, Unsupported
 from resnet8ptq.search.objectives import (
     REFUSED,
     SearchConfig,
@@ -38,7 +36,7 @@ from resnet8ptq.search.objectives import (
 from resnet8ptq.tracking.identity import git_commit
 from resnet8ptq.tracking.runs import process_tags
 from resnet8ptq.tracking.stale import close_stale_runs
-from resnet8ptq.tracking.store import TrackingError, configure, runs_page
+from resnet8ptq.tracking.store import configure, runs_page
 from resnet8ptq.tracking.sweep import (
     current_sweep_run,
     end_sweep_run,
@@ -68,8 +66,9 @@ def task(cfg: DictConfig) -> float | list[float] | None:
     A failure is tagged on the sweep run (the job may fail before it has a run of its own) and re-raised,
     known failures as :class:`RunFailed`.
     """
+    from resnet8ptq.errors import TargetNotReached
     from resnet8ptq.pipeline import run  # the libraries: imported when a job runs, not at start-up
-    from resnet8ptq.search.target import TargetNotReached, reach_target
+    from resnet8ptq.search.target import reach_target
 
     hydra_cfg = HydraConfig.get()
     output_dir = Path(hydra_cfg.runtime.output_dir)

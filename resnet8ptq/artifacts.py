@@ -10,11 +10,11 @@ from pathlib import Path
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
-from resnet8ptq.backends.base import LayerError, LayerPrecision, TensorRange
 from resnet8ptq.data import CLASS_NAMES
 from resnet8ptq.drawing import Drawing, draw
 from resnet8ptq.evaluate import Evaluation
 from resnet8ptq.plots import class_accuracy_png, confusion_matrix_png, layer_sqnr_png
+from resnet8ptq.spec import LayerError, LayerPrecision, TensorRange
 
 EVALUATION_DIR = "evaluation"
 PREDICTIONS_FILE = "predictions.csv"  # image (test-set index), label, predicted: for paired tests

@@ -18,12 +18,13 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 
 import resnet8ptq.backends
 from resnet8ptq.algorithms import AlgoConfig
-from resnet8ptq.backends.base import QuantSpec
 from resnet8ptq.calibration import CalibConfig
 from resnet8ptq.device.config import DeviceConfig
 from resnet8ptq.dtype import DtypeConfig
+from resnet8ptq.errors import ConfigError
 from resnet8ptq.search.objectives import SearchConfig
 from resnet8ptq.search.target import TargetConfig
+from resnet8ptq.spec import QuantSpec
 
 
 @dataclass
@@ -86,10 +87,6 @@ def register_backend_schemas() -> None:
 
 ConfigStore.instance().store(name="base_config", node=Config)
 register_backend_schemas()
-
-
-class ConfigError(ValueError):
-    """A setting has a value of the right type that is not allowed (e.g. calib.percentile=101)."""
 
 
 def quant_spec(cfg: DictConfig) -> QuantSpec:

@@ -17,6 +17,7 @@ from pathlib import Path, PurePosixPath
 
 import numpy as np
 
+from resnet8ptq.errors import DataError
 from resnet8ptq.fetch import FetchError, download
 
 log = logging.getLogger(__name__)
@@ -70,10 +71,6 @@ PYTHON_SIZES: dict[str, int] = {}  # pickle sizes are not part of the official l
 
 MD5_CACHE = "cifar10-md5.json"
 """The file, in the tool's cache directory, that keeps the CIFAR-10 files' MD5s (see :func:`load_cifar10`)."""
-
-
-class DataError(RuntimeError):
-    """A CIFAR-10 data problem (missing, corrupted, malformed, or a bad sampling request)."""
 
 
 @dataclass(frozen=True, eq=False)

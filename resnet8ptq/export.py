@@ -16,11 +16,9 @@ from pathlib import Path
 import mlflow
 from mlflow.tracking import MlflowClient
 
+from resnet8ptq.errors import ExportError
+
 MODEL_SUFFIXES = (".onnx", ".pt2", ".tflite")
-
-
-class ExportError(Exception):
-    """The run cannot be exported (no such run, not quantized, no model file)."""
 
 
 def model_file(client: MlflowClient, run_id: str, directory: Path) -> tuple[str, Path]:

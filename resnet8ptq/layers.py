@@ -9,18 +9,14 @@ from dataclasses import dataclass
 
 import onnx
 
-from resnet8ptq.backends.base import RAISED_BITS, LayerPrecision
-from resnet8ptq.config import ConfigError
+from resnet8ptq.errors import RaisedLayerError
 from resnet8ptq.model import layer_name
+from resnet8ptq.spec import RAISED_BITS, LayerPrecision
 from resnet8ptq.weight_grid import quantized_weights
 
 SHARING_OPS = {"AveragePool", "Flatten", "MaxPool", "Reshape", "Slice", "Squeeze", "Transpose", "Unsqueeze"}
 """Ops whose output ORT quantizes with its input's parameters (``QDQDirect8BitOp``, ``QDQMaxPool``); the
 PT2E recipe shares them too (``SharedQuantizationSpec``). Raising such an output alone changes nothing."""
-
-
-class RaisedLayerError(ConfigError):
-    """A name in `raised_layers` that cannot be raised (unknown, or taking its input's quantization)."""
 
 
 @dataclass(frozen=True)

@@ -13,9 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from resnet8ptq.data import DataError
+from resnet8ptq.errors import DataError, ModelError
 from resnet8ptq.fetch import ASSETS_ENV, FetchError, published_file, sha256_of
-from resnet8ptq.model import ModelError
 
 REPOSITORY = "https://github.com/mlcommons/tiny/raw/master/benchmark/training/image_classification/"
 

@@ -13,6 +13,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from resnet8ptq.errors import ModelError
 from resnet8ptq.fetch import ASSETS_ENV, FetchError, published_file, sha256_of
 
 log = logging.getLogger(__name__)
@@ -31,10 +32,6 @@ ONNX_OPSET = 17
 MAX_IR_VERSION = 10
 # Bump when the conversion recipe changes, so that old cache entries are not reused.
 RECIPE_VERSION = 2
-
-
-class ModelError(RuntimeError):
-    """The model file is missing, corrupt, or cannot be converted."""
 
 
 @dataclass(frozen=True)

@@ -21,8 +21,8 @@ from omegaconf import DictConfig, OmegaConf
 from resnet8ptq import drawing, hardware, records
 from resnet8ptq.algorithms import AlgoConfig, Prepared, prepare
 from resnet8ptq.artifacts import evaluation_files
-from resnet8ptq.backends.base import KERAS_SOURCE, Backend, LayerError, QuantizedModel, QuantSpec
-from resnet8ptq.config import ConfigError, quant_spec
+from resnet8ptq.backends.base import KERAS_SOURCE, Backend, QuantizedModel
+from resnet8ptq.config import quant_spec
 from resnet8ptq.data import (
     BINARY_DIR,
     MD5_CACHE,
@@ -33,12 +33,14 @@ from resnet8ptq.data import (
     to_model_input,
 )
 from resnet8ptq.device.config import DeviceConfig
+from resnet8ptq.errors import ConfigError, ModelError
 from resnet8ptq.evaluate import Baseline, evaluate_baseline
 from resnet8ptq.execution import QuantizedResult, evaluate_quantized
 from resnet8ptq.layers import check_raised, expected_raised, raised_in, sharing
 from resnet8ptq.mlperf import perf_subset_indices
-from resnet8ptq.model import CanonicalModel, ModelError, canonical_onnx, conversion_key, resolve_h5
+from resnet8ptq.model import CanonicalModel, canonical_onnx, conversion_key, resolve_h5
 from resnet8ptq.records import ModelRecord
+from resnet8ptq.spec import LayerError, QuantSpec
 from resnet8ptq.tracking.identity import config_hash, git_commit, run_params
 from resnet8ptq.tracking.models import content_digest, numpy_dataset
 from resnet8ptq.tracking.runs import child_run, first_in_sweep, set_tags, skip_finished

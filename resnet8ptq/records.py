@@ -22,11 +22,12 @@ from resnet8ptq.artifacts import (
     layer_precision_file,
     ranges_file,
 )
-from resnet8ptq.backends.base import LayerError, MlflowFlavor, QuantizedModel
+from resnet8ptq.backends.base import MlflowFlavor, QuantizedModel
 from resnet8ptq.data import CLASS_NAMES
 from resnet8ptq.evaluate import Baseline, Evaluation
 from resnet8ptq.execution import QuantizedResult
 from resnet8ptq.layers import raised_in
+from resnet8ptq.spec import LayerError
 from resnet8ptq.statistics import accuracy_interval
 from resnet8ptq.tracking.models import log_datasets, log_model
 from resnet8ptq.tracking.runs import child_run, first_in_sweep, log_artifacts, log_metrics, set_tags

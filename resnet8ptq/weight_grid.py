@@ -12,7 +12,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from resnet8ptq.backends.base import QuantSpec
+from resnet8ptq.spec import QuantSpec
 
 WEIGHT_INPUTS = {"Conv": 1, "Gemm": 1, "MatMul": 1}
 """Op type -> the input that holds the weight the backends quantize."""

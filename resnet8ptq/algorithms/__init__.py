@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from resnet8ptq.backends.base import QuantSpec
+from resnet8ptq.spec import QuantSpec
 
 STEPS = ("cle", "adaround", "bias_correction")
 

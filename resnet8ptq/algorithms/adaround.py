@@ -17,7 +17,7 @@ import onnx
 
 from resnet8ptq.algorithms.bias_correction import layer_inputs
 from resnet8ptq.algorithms.graph import set_initializer
-from resnet8ptq.backends.base import QuantSpec
+from resnet8ptq.spec import QuantSpec
 from resnet8ptq.weight_grid import channel_axis, quantized_weights, weight_grid
 
 ZETA, GAMMA = 1.1, -0.1  # rectified sigmoid stretch (paper, eq. 23)

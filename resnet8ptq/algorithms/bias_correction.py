@@ -14,7 +14,7 @@ import onnx
 from onnx import numpy_helper
 
 from resnet8ptq.algorithms.graph import set_initializer
-from resnet8ptq.backends.base import QuantSpec
+from resnet8ptq.spec import QuantSpec
 from resnet8ptq.weight_grid import channel_axis, quantized_weights, weight_grid
 
 BATCH = 100

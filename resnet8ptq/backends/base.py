@@ -8,7 +8,6 @@ the Keras .h5 when its converter reads Keras itself (:attr:`Backend.SOURCE`).
 
 from __future__ import annotations
 
-import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -19,15 +18,9 @@ from typing import Any, ClassVar
 import numpy as np
 from omegaconf import MISSING
 
-from resnet8ptq.calibration import CalibConfig
 from resnet8ptq.device.graph import IntegerModel
-from resnet8ptq.dtype import DtypeConfig
-
-
-class Unsupported(ValueError):
-    """The backend cannot run this configuration exactly (e.g. a bit width its format cannot hold); the
-    message says what it can run. Raised by :meth:`Backend.check` before any work."""
-
+from resnet8ptq.errors import Unsupported
+from resnet8ptq.spec import LayerError, LayerPrecision, QuantSpec, TensorRange
 
 Predictor = Callable[[np.ndarray], np.ndarray]
 """NHWC float32 raw 0-255 images (any batch size) -> class probabilities (N, 10)."""
@@ -42,40 +35,6 @@ class BackendConfig:
     native: bool = True
 
 
-RAISED_BITS = 16
-"""The width of a raised layer (mixed precision, ``raised_layers``): 16-bit activations or weights."""
-
-
-@dataclass(frozen=True)
-class QuantSpec:
-    """One quantization configuration: the `dtype` and `calib` groups, `per_channel`, `reduce_range`, and the
-    layers raised to 16 bits (`raised_layers`: layer names as in ``analysis/layer_sqnr.csv``)."""
-
-    dtype: DtypeConfig
-    calib: CalibConfig
-    per_channel: bool = False
-    reduce_range: bool = False  # weights in 7 bits (ORT's reduce_range): no u8s8 saturation without VNNI
-    raised_layers: tuple[str, ...] = ()
-
-    def __post_init__(self) -> None:
-        if self.reduce_range and self.dtype.weight_bits != 8:
-            raise ValueError(
-                f"reduce_range=true with dtype.weight_bits={self.dtype.weight_bits}: reduce_range means "
-                f"7-bit weights; set dtype.weight_bits=7 instead, or reduce_range=false."
-            )
-        repeated = sorted({name for name in self.raised_layers if self.raised_layers.count(name) > 1})
-        if repeated:
-            raise ValueError(f"raised_layers names {repeated} more than once.")
-
-    def raised_storage(self, kind: str) -> str:
-        """The storage type of a raised ``kind`` ("activation"/"weight") layer: activations int16 or uint16,
-        with the signedness of the activation type; weights int16, symmetric (ORT's rule for signed weights;
-        torch cannot dequantize uint16 weights per channel)."""
-        if kind == "weight":
-            return f"int{RAISED_BITS}"
-        return self.dtype.activation.replace("8", str(RAISED_BITS))
-
-
 @dataclass(frozen=True)
 class MlflowFlavor:
     """How a saved model of this backend is logged as an MLflow Model: the flavor module (``mlflow.onnx``,
@@ -86,45 +45,8 @@ class MlflowFlavor:
     requirements: list[str]
 
 
-@dataclass(frozen=True)
-class TensorRange:
-    """The calibrated range of one activation tensor."""
-
-    tensor: str
-    min: float
-    max: float
-
-
-@dataclass(frozen=True)
-class LayerError:
-    """Signal-to-quantization-noise ratio of one layer's weights or activations against the FP32 model."""
-
-    layer: str
-    kind: str  # "weight" | "activation"
-    sqnr_db: float
-
-
-def sqnr_db(signal_sq: float, noise_sq: float) -> float:
-    """ORT's ``compute_signal_to_quantization_noice_ratio`` from sums of squares accumulated batch by batch
-    (memory stays flat): 20·log10(‖x‖ / ‖x - y‖), each norm floored at float64 eps, so identical tensors
-    give a large finite value (~300 dB and up) rather than infinity."""
-    eps = float(np.finfo(float).eps)
-    return 20 * math.log10(max(math.sqrt(signal_sq), eps) / max(math.sqrt(noise_sq), eps))
-
-
 ONNX_SOURCE = "onnx"
 KERAS_SOURCE = "keras"
-
-
-@dataclass(frozen=True)
-class LayerPrecision:
-    """How one layer of a saved quantized model is stored, read back from the file."""
-
-    layer: str  # the name the per-layer SQNR analysis uses
-    kind: str  # "weight" | "activation"
-    dtype: str  # storage type, e.g. "int8", "uint16"
-    bits: int  # activations: the width of the range the quantize op clamps to; weights: the fewest bits
-    # holding every stored integer
 
 
 @dataclass

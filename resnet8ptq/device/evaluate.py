@@ -10,11 +10,11 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 from tqdm import tqdm
 
-from resnet8ptq.backends.base import sqnr_db
 from resnet8ptq.device.cim import CrossbarArithmetic, step_shift, worst_case_full_scale
 from resnet8ptq.device.config import DeviceConfig
 from resnet8ptq.device.executor import Arithmetic, Ideal, execute, predictions
 from resnet8ptq.device.graph import IntegerModel
+from resnet8ptq.spec import sqnr_db
 from resnet8ptq.statistics import accuracy_interval
 
 log = logging.getLogger(__name__)

@@ -13,7 +13,8 @@ import mlflow
 from mlflow.tracking import MlflowClient
 
 from resnet8ptq.config import MlflowConfig, ReportConfig
-from resnet8ptq.report.runs import ReportError, latest_sweep_run
+from resnet8ptq.errors import ReportError
+from resnet8ptq.report.runs import latest_sweep_run
 from resnet8ptq.report.writer import write_experiment_report, write_report
 
 EXIT_NOTHING_TO_REPORT = 3

@@ -10,6 +10,7 @@ from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
 from resnet8ptq.data import CLASS_NAMES
+from resnet8ptq.errors import ReportError
 from resnet8ptq.hardware import Hardware
 from resnet8ptq.records import REFERENCE_TAG
 from resnet8ptq.statistics import accuracy_interval
@@ -83,10 +84,6 @@ METRIC_COLUMNS = (
     "sqnr_weight_min_db",
     *(f"{CLASS_METRIC}{name}" for name in CLASS_NAMES),
 )
-
-
-class ReportError(RuntimeError):
-    """The runs to report on cannot be found."""
 
 
 def runs_frame(runs: Iterable[Run]) -> pd.DataFrame:

@@ -15,12 +15,13 @@ from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
 from resnet8ptq.config import ReportConfig
+from resnet8ptq.errors import ReportError
 from resnet8ptq.records import REFERENCE_TAG
 from resnet8ptq.report.analysis import hardware_lines
 from resnet8ptq.report.device import device_section
 from resnet8ptq.report.published import published_section
 from resnet8ptq.report.render import to_html
-from resnet8ptq.report.runs import ReportError, comparison_table, configured, latest_per_config, runs_frame
+from resnet8ptq.report.runs import comparison_table, configured, latest_per_config, runs_frame
 from resnet8ptq.report.search import mixed_precision_section, search_section
 from resnet8ptq.report.sections import (
     Report,

@@ -17,7 +17,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from resnet8ptq.backends.base import RAISED_BITS
+from resnet8ptq.errors import ConfigError, TargetNotReached
+from resnet8ptq.spec import RAISED_BITS
 
 log = logging.getLogger(__name__)
 
@@ -46,10 +47,6 @@ class TargetConfig:
             raise ValueError(f"target.max_steps={self.max_steps}: expected a positive number, or null.")
 
 
-class TargetNotReached(RuntimeError):
-    """The steps ended (no layer left to raise, or target.max_steps) above the target drop."""
-
-
 @dataclass(frozen=True)
 class Step:
     """One step of the search, as its run logged it."""
@@ -72,8 +69,6 @@ def reach_target(cfg: DictConfig, output_dir: Path, run: Callable[..., str]) -> 
     """Run steps until the drop is at most ``cfg.target.max_drop_points``; return the id of the run that meets
     it. ``run(cfg, output_dir, tags)`` runs one configuration (:func:`resnet8ptq.pipeline.run`). Raises
     :class:`TargetNotReached` (after recording it on the sweep run) when the steps end above the target."""
-    from resnet8ptq.config import ConfigError
-
     try:
         target = TargetConfig(**OmegaConf.to_container(cfg.target, resolve=True))
     except ValueError as err:

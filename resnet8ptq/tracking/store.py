@@ -18,10 +18,7 @@ from mlflow.entities import Experiment
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig
 
-
-class TrackingError(RuntimeError):
-    """The MLflow tracking server or store cannot be used."""
-
+from resnet8ptq.errors import TrackingError
 
 # The experiment's kind, for MLflow clients that read it. MLflow 3.17.2's UI does not: its GenAI/Model
 # training switch decides the view (see runs_page), whatever the tag says.

@@ -14,7 +14,6 @@ from onnx import numpy_helper
 
 from resnet8ptq.algorithms import AlgoConfig, Prepared, prepare
 from resnet8ptq.algorithms.cle import equalizable_pairs
-from resnet8ptq.backends.base import QuantSpec
 from resnet8ptq.backends.onnx.backend import OnnxRuntimeBackend, predictor, session
 from resnet8ptq.backends.torch.backend import TorchBackend
 from resnet8ptq.calibration import CalibConfig
@@ -22,6 +21,7 @@ from resnet8ptq.data import Cifar10, calibration_set, to_model_input
 from resnet8ptq.dtype import DtypeConfig
 from resnet8ptq.execution import evaluate_quantized
 from resnet8ptq.model import CanonicalModel
+from resnet8ptq.spec import QuantSpec
 from resnet8ptq.weight_grid import channel_axis, quantized_weights, weight_grid
 
 W4_PER_TENSOR = QuantSpec(DtypeConfig("int8", "int8", weight_bits=4), CalibConfig("minmax"))

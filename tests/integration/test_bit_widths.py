@@ -12,14 +12,16 @@ import pytest
 from mlflow.tracking import MlflowClient
 from onnx import numpy_helper
 
-from resnet8ptq.backends.base import QuantizedModel, QuantSpec, Unsupported
+from resnet8ptq.backends.base import QuantizedModel
 from resnet8ptq.backends.onnx.backend import OnnxRuntimeBackend
 from resnet8ptq.backends.torch.backend import TorchBackend
 from resnet8ptq.calibration import CalibConfig
 from resnet8ptq.data import Cifar10, calibration_set, to_model_input
 from resnet8ptq.dtype import DtypeConfig
+from resnet8ptq.errors import Unsupported
 from resnet8ptq.execution import QuantizedResult, evaluate_quantized
 from resnet8ptq.model import CanonicalModel
+from resnet8ptq.spec import QuantSpec
 
 FP32 = 0.8719
 CONFIGS = {

@@ -9,13 +9,14 @@ import numpy as np
 import pytest
 from onnxruntime.quantization import create_calibrator
 
-from resnet8ptq.backends.base import QuantizedModel, QuantSpec
+from resnet8ptq.backends.base import QuantizedModel
 from resnet8ptq.backends.onnx.backend import OnnxRuntimeBackend
 from resnet8ptq.backends.onnx.reader import ImageReader
 from resnet8ptq.calibration import CalibConfig, RangeCollector, batches
 from resnet8ptq.data import Cifar10, calibration_set
 from resnet8ptq.dtype import DtypeConfig
 from resnet8ptq.model import CanonicalModel
+from resnet8ptq.spec import QuantSpec
 
 SPECS = {
     "minmax": CalibConfig("minmax"),

@@ -18,12 +18,12 @@ from resnet8ptq.data import (
     CLASS_NAMES,
     PYTHON_DIR,
     Cifar10,
-    DataError,
     calibration_indices,
     calibration_set,
     load_cifar10,
     to_model_input,
 )
+from resnet8ptq.errors import DataError
 from tests.cifar_fakes import RECORD, md5, patch_archive
 
 BIN_FILES = (*(f"data_batch_{i}.bin" for i in range(1, 6)), "test_batch.bin")

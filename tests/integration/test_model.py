@@ -11,8 +11,9 @@ import pytest
 from resnet8ptq import model as model_module
 from resnet8ptq.backends.onnx.backend import predictor, session
 from resnet8ptq.data import Cifar10, to_model_input
+from resnet8ptq.errors import ModelError
 from resnet8ptq.evaluate import evaluate
-from resnet8ptq.model import MODEL_SHA256, CanonicalModel, ModelError, canonical_onnx, resolve_h5
+from resnet8ptq.model import MODEL_SHA256, CanonicalModel, canonical_onnx, resolve_h5
 
 
 def test_fp32_accuracy_is_exactly_the_reference(canonical_model: CanonicalModel, cifar: Cifar10) -> None:

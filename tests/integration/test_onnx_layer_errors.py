@@ -15,7 +15,6 @@ from onnxruntime.quantization.qdq_loss_debug import (
     modify_model_output_intermediate_tensors,
 )
 
-from resnet8ptq.backends.base import QuantSpec
 from resnet8ptq.backends.onnx import layer_errors
 from resnet8ptq.backends.onnx.backend import OnnxRuntimeBackend
 from resnet8ptq.backends.onnx.reader import ImageReader, input_name
@@ -23,6 +22,7 @@ from resnet8ptq.calibration import CalibConfig
 from resnet8ptq.data import Cifar10, calibration_set
 from resnet8ptq.dtype import DtypeConfig
 from resnet8ptq.model import CanonicalModel, layer_name
+from resnet8ptq.spec import QuantSpec
 
 SPECS = {
     "uint8/int8 per-tensor": QuantSpec(DtypeConfig("uint8", "int8"), CalibConfig("minmax"), False),

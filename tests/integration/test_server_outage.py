@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from resnet8ptq.tracking.store import TrackingError, configure
+from resnet8ptq.errors import TrackingError
+from resnet8ptq.tracking.store import configure
 from tests.integration.servers import free_port, mlflow_server
 
 

@@ -15,12 +15,12 @@ from ai_edge_litert.interpreter import Interpreter, OpResolverType
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
-from resnet8ptq.backends.base import QuantSpec
 from resnet8ptq.backends.tflite.backend import TFLiteBackend
 from resnet8ptq.calibration import CalibConfig
 from resnet8ptq.data import Cifar10, calibration_set, to_model_input
 from resnet8ptq.dtype import DtypeConfig
 from resnet8ptq.model import CanonicalModel
+from resnet8ptq.spec import QuantSpec
 from tests.integration.conftest import Sweeps
 
 FP32_CORRECT = 8719  # the .h5's documented top-1 on the 10,000 test images (shared/README.md)

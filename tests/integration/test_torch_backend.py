@@ -18,7 +18,7 @@ pytest.importorskip("torchao")
 pytest.importorskip("onnx2torch")
 
 from resnet8ptq import hardware
-from resnet8ptq.backends.base import QuantizedModel, QuantSpec
+from resnet8ptq.backends.base import QuantizedModel
 from resnet8ptq.backends.torch.backend import TorchBackend
 from resnet8ptq.backends.torch.convert import load_program, load_quantized
 from resnet8ptq.backends.torch.program import qdq_counts, quantized_weights
@@ -27,6 +27,7 @@ from resnet8ptq.data import Cifar10, calibration_set, to_model_input
 from resnet8ptq.dtype import DtypeConfig
 from resnet8ptq.execution import NATIVE, NATIVE_MISMATCH, judge
 from resnet8ptq.model import CanonicalModel
+from resnet8ptq.spec import QuantSpec
 
 FP32_CORRECT = 8719
 MIN_QUANT_ACCURACY = 0.855

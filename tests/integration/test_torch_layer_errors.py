@@ -17,7 +17,6 @@ pytest.importorskip("onnx2torch")
 import torch
 from torch import fx
 
-from resnet8ptq.backends.base import LayerError, QuantSpec
 from resnet8ptq.backends.onnx.backend import OnnxRuntimeBackend
 from resnet8ptq.backends.torch.backend import TorchBackend
 from resnet8ptq.backends.torch.convert import load_program
@@ -26,6 +25,7 @@ from resnet8ptq.calibration import CalibConfig
 from resnet8ptq.data import Cifar10, calibration_set
 from resnet8ptq.dtype import DtypeConfig
 from resnet8ptq.model import CanonicalModel
+from resnet8ptq.spec import LayerError, QuantSpec
 
 LAYER_ERROR_IMAGES = 200
 WEIGHTS = [  # ONNX names (via the ONNX backend's naming) of the 9 conv and 1 dense weights

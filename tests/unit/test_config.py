@@ -12,7 +12,8 @@ from omegaconf import DictConfig, OmegaConf
 
 import resnet8ptq.config  # noqa: F401  (registers base_config)
 from resnet8ptq.backends.base import Backend
-from resnet8ptq.config import ConfigError, quant_spec
+from resnet8ptq.config import quant_spec
+from resnet8ptq.errors import ConfigError
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 

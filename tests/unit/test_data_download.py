@@ -10,12 +10,8 @@ from pathlib import Path
 import pytest
 
 from resnet8ptq import data
-from resnet8ptq.data import (
-    BINARY_DIR,
-    PYTHON_DIR,
-    DataError,
-    load_cifar10,
-)
+from resnet8ptq.data import BINARY_DIR, PYTHON_DIR, load_cifar10
+from resnet8ptq.errors import DataError
 from tests.cifar_fakes import RECORD, patch_archive
 
 

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from resnet8ptq import data
-from resnet8ptq.data import DataError, load_cifar10
+from resnet8ptq.data import load_cifar10
+from resnet8ptq.errors import DataError
 from tests.integration.servers import free_port
 
 

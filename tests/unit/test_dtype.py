@@ -6,8 +6,9 @@ import pytest
 from onnx import TensorProto
 from onnxruntime.quantization.quant_utils import get_qmin_qmax_for_qType
 
-from resnet8ptq.config import ConfigError, quant_spec
+from resnet8ptq.config import quant_spec
 from resnet8ptq.dtype import DtypeConfig, bits_used, integer_range
+from resnet8ptq.errors import ConfigError
 from tests.unit.test_config import composed
 
 ONNX_TYPES = {

@@ -15,23 +15,15 @@ from omegaconf import OmegaConf
 from onnx import TensorProto, helper, numpy_helper
 from onnxruntime.quantization import QuantType
 
-from resnet8ptq.backends.base import LayerPrecision, QuantSpec
 from resnet8ptq.backends.onnx.widths import raised_overrides
 from resnet8ptq.calibration import CalibConfig
-from resnet8ptq.config import ConfigError
 from resnet8ptq.dtype import DtypeConfig
-from resnet8ptq.layers import (
-    RaisedLayerError,
-    base_precision,
-    check_raised,
-    expected_raised,
-    model_layers,
-    raised_in,
-    sharing,
-)
+from resnet8ptq.errors import ConfigError, RaisedLayerError, TargetNotReached
+from resnet8ptq.layers import base_precision, check_raised, expected_raised, model_layers, raised_in, sharing
 from resnet8ptq.report import writer as report
 from resnet8ptq.search.objectives import REFUSED, trial_tag
-from resnet8ptq.search.target import TargetNotReached, reach_target
+from resnet8ptq.search.target import reach_target
+from resnet8ptq.spec import LayerPrecision, QuantSpec
 from resnet8ptq.tracking.sweep import PARENT_RUN_ENV
 
 

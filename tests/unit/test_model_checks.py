@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from resnet8ptq import model as model_module
-from resnet8ptq.model import MODEL_SHA256, ModelError, resolve_h5
+from resnet8ptq.errors import ModelError
+from resnet8ptq.model import MODEL_SHA256, resolve_h5
 
 
 def test_non_hdf5_file_is_refused(tmp_path: Path) -> None:

@@ -12,7 +12,8 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 import resnet8ptq.config  # noqa: F401  (registers base_config and the directions resolver)
-from resnet8ptq.config import ConfigError, quant_spec
+from resnet8ptq.config import quant_spec
+from resnet8ptq.errors import ConfigError
 from resnet8ptq.report.analysis import pareto_front, pareto_mask
 from resnet8ptq.search.objectives import directions, objective_values, sweep_tags, trial_tag
 from resnet8ptq.search.space import calibration_parameters

@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 
 from resnet8ptq import mlperf
-from resnet8ptq.backends.base import QuantSpec, Unsupported
 from resnet8ptq.backends.tflite.backend import TFLiteBackend, check_spec, kernel_summary
 from resnet8ptq.backends.tflite.flatbuffer import (
     Tensor,
@@ -21,10 +20,11 @@ from resnet8ptq.backends.tflite.flatbuffer import (
 )
 from resnet8ptq.backends.tflite.litert_runner import dequantize, quantize
 from resnet8ptq.calibration import CalibConfig
-from resnet8ptq.data import DataError
 from resnet8ptq.dtype import DtypeConfig
+from resnet8ptq.errors import DataError, Unsupported
 from resnet8ptq.evaluate import Evaluation
 from resnet8ptq.layers import base_precision
+from resnet8ptq.spec import QuantSpec
 
 MINMAX = CalibConfig("minmax")
 

@@ -124,7 +124,8 @@ def test_new_sqlite_store_is_what_mlflow_creates(tmp_path, monkeypatch) -> None:
 def test_unwritable_cache_dir_is_named_and_leaves_no_store(tmp_path, monkeypatch) -> None:
     from omegaconf import OmegaConf
 
-    from resnet8ptq.tracking.store import TrackingError, configure
+    from resnet8ptq.errors import TrackingError
+    from resnet8ptq.tracking.store import configure
 
     blocker = tmp_path / "not-a-directory"
     blocker.write_text("")

@@ -22,22 +22,14 @@ from onnxruntime.quantization import QuantFormat, create_calibrator, quantize_st
 from onnxruntime.quantization.calibrate import save_tensors_data
 from onnxruntime.quantization.registry import QDQRegistry, QLinearOpsRegistry
 
-from resnet8ptq.backends.base import (
-    Backend,
-    LayerError,
-    MlflowFlavor,
-    Model,
-    QuantizedModel,
-    QuantSpec,
-    Runtime,
-    TensorRange,
-)
+from resnet8ptq.backends.base import Backend, MlflowFlavor, Model, QuantizedModel, Runtime
 from resnet8ptq.backends.onnx import layer_errors
 from resnet8ptq.backends.onnx.reader import ImageReader, input_name
 from resnet8ptq.backends.onnx.widths import QUANT_TYPES, check_widths, layer_precision, tensor_overrides
 from resnet8ptq.device.graph import IntegerModel
 from resnet8ptq.layers import base_precision
 from resnet8ptq.model import save_onnx
+from resnet8ptq.spec import LayerError, QuantSpec, TensorRange
 
 NO_NATIVE = "native execution disabled (backend.native=false): the reference semantics only"
 

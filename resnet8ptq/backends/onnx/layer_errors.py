@@ -25,10 +25,10 @@ from onnxruntime.quantization.qdq_loss_debug import (
 )
 from tqdm import tqdm
 
-from resnet8ptq.backends.base import LayerError, sqnr_db
 from resnet8ptq.backends.onnx.reader import input_name
 from resnet8ptq.calibration import batches
 from resnet8ptq.model import layer_name
+from resnet8ptq.spec import LayerError, sqnr_db
 
 QDQ_OPS = ["QuantizeLinear", "DequantizeLinear"]
 """The QDQ model's nodes whose tensors are compared: each quantized tensor before and after its Q/DQ pair."""

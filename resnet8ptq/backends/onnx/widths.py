@@ -10,10 +10,11 @@ import onnx
 from onnx import numpy_helper
 from onnxruntime.quantization import QuantType
 
-from resnet8ptq.backends.base import LayerPrecision, QuantSpec, Unsupported
 from resnet8ptq.dtype import DtypeConfig, bits_used
+from resnet8ptq.errors import Unsupported
 from resnet8ptq.layers import model_layers
 from resnet8ptq.model import layer_name
+from resnet8ptq.spec import LayerPrecision, QuantSpec
 from resnet8ptq.weight_grid import channel_axis, quantized_weights, weight_grid
 
 QUANT_TYPES = {

@@ -20,17 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from resnet8ptq import mlperf
-from resnet8ptq.backends.base import (
-    KERAS_SOURCE,
-    Backend,
-    LayerError,
-    MlflowFlavor,
-    Model,
-    QuantizedModel,
-    QuantSpec,
-    Runtime,
-    Unsupported,
-)
+from resnet8ptq.backends.base import KERAS_SOURCE, Backend, MlflowFlavor, Model, QuantizedModel, Runtime
 from resnet8ptq.backends.tflite import layer_errors
 from resnet8ptq.backends.tflite.convert import convert
 from resnet8ptq.backends.tflite.flatbuffer import (
@@ -44,9 +34,11 @@ from resnet8ptq.backends.tflite.flatbuffer import (
 from resnet8ptq.backends.tflite.litert_runner import TFLiteRunner
 from resnet8ptq.backends.tflite.private_api import execution_nodes
 from resnet8ptq.device.graph import IntegerModel
+from resnet8ptq.errors import Unsupported
 from resnet8ptq.fetch import sha256_of
 from resnet8ptq.layers import base_precision
 from resnet8ptq.model import converter_versions
+from resnet8ptq.spec import LayerError, QuantSpec
 
 NO_NATIVE = (
     "native execution disabled (backend.native=false): only LiteRT's reference integer kernels ran, not its "

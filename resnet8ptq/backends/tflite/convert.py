@@ -19,7 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from resnet8ptq.model import ModelError, tensorflow_child
+from resnet8ptq.errors import ModelError
+from resnet8ptq.model import tensorflow_child
 
 MODES = ("float", "int8", "int16x8")
 

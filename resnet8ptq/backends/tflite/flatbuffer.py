@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 from ai_edge_litert import schema_py_generated as schema
 
-from resnet8ptq.backends.base import LayerPrecision, TensorRange
 from resnet8ptq.dtype import bits_used
 from resnet8ptq.model import INPUT_NAME, layer_name
+from resnet8ptq.spec import LayerPrecision, TensorRange
 
 OP_NAMES = {code: name for name, code in vars(schema.BuiltinOperator).items() if not name.startswith("_")}
 TYPE_NAMES = {

@@ -17,11 +17,11 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from resnet8ptq.backends.base import LayerError, sqnr_db
 from resnet8ptq.backends.tflite.flatbuffer import read, tflite_layer_name
 from resnet8ptq.backends.tflite.litert_runner import TFLiteRunner, dequantize
 from resnet8ptq.calibration import batches
 from resnet8ptq.model import layer_name
+from resnet8ptq.spec import LayerError, sqnr_db
 
 CHUNK = 100  # images per invoke (every intermediate tensor is kept)
 

@@ -20,16 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from resnet8ptq.backends.base import (
-    Backend,
-    LayerError,
-    MlflowFlavor,
-    Model,
-    Predictor,
-    QuantizedModel,
-    QuantSpec,
-    Runtime,
-)
+from resnet8ptq.backends.base import Backend, MlflowFlavor, Model, Predictor, QuantizedModel, Runtime
 from resnet8ptq.backends.torch import layer_errors
 from resnet8ptq.backends.torch.compiled import CompileFailed, compile_native, compile_simulated
 from resnet8ptq.backends.torch.convert import (
@@ -57,6 +48,7 @@ from resnet8ptq.backends.torch.quantizer import (
 )
 from resnet8ptq.device.graph import IntegerModel
 from resnet8ptq.layers import base_precision
+from resnet8ptq.spec import LayerError, QuantSpec
 
 log = logging.getLogger(__name__)
 

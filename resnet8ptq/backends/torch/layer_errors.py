@@ -15,7 +15,6 @@ import numpy as np
 import torch
 from torch import fx
 
-from resnet8ptq.backends.base import LayerError, sqnr_db
 from resnet8ptq.backends.torch.convert import (
     example_input,
     export,
@@ -27,6 +26,7 @@ from resnet8ptq.backends.torch.convert import (
 from resnet8ptq.backends.torch.program import WEIGHTED_OPS, count_targets, is_zero_pad, qdq_op
 from resnet8ptq.calibration import batches
 from resnet8ptq.model import layer_name
+from resnet8ptq.spec import LayerError, sqnr_db
 
 log = logging.getLogger(__name__)
 

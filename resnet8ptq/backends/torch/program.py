@@ -8,9 +8,9 @@ from typing import Any
 import torch
 from torch import fx
 
-from resnet8ptq.backends.base import LayerPrecision
 from resnet8ptq.backends.torch.convert import get_attr
 from resnet8ptq.dtype import bits_used
+from resnet8ptq.spec import LayerPrecision
 
 
 def drop_unused_attributes(gm: fx.GraphModule) -> int:

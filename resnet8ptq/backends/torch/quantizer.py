@@ -12,7 +12,6 @@ from torch import fx
 from torchao.quantization.pt2e.quantizer import QuantizationConfig, QuantizationSpec, SharedQuantizationSpec
 from torchao.quantization.pt2e.quantizer.x86_inductor_quantizer import X86InductorQuantizer
 
-from resnet8ptq.backends.base import RAISED_BITS, QuantSpec, TensorRange, Unsupported
 from resnet8ptq.backends.torch.convert import onnx_module
 from resnet8ptq.backends.torch.observers import (
     TORCH_DTYPES,
@@ -23,7 +22,9 @@ from resnet8ptq.backends.torch.private_api import QUANT_ANNOTATION_KEY, x86_anno
 from resnet8ptq.backends.torch.program import WEIGHTED_OPS, is_zero_pad, qdq_op
 from resnet8ptq.calibration import CalibConfig, batches
 from resnet8ptq.dtype import integer_range
+from resnet8ptq.errors import Unsupported
 from resnet8ptq.model import layer_name
+from resnet8ptq.spec import RAISED_BITS, QuantSpec, TensorRange
 
 
 def quantization_config(spec: QuantSpec) -> QuantizationConfig:
