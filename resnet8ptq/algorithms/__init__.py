@@ -1,45 +1,134 @@
 """The `algo` config group: post-training algorithms applied to the canonical FP32 ONNX model before a backend
-quantizes it, so every backend inherits them (`conf/algo/*.yaml`).
+quantizes it, so every backend that starts from that model inherits them.
 
-Steps run in the order of :data:`STEPS`: cross-layer equalization (:mod:`.cle`), adaptive rounding
-(:mod:`.adaround`), then empirical bias correction (:mod:`.bias_correction`), which must see the final
-weights. Written here, not taken from NNCF,
-AIMET or Quark: see the README ("PTQ algorithms") for why.
+Each algorithm is one module here with one :class:`~resnet8ptq.algorithms.base.Algorithm` subclass, found
+the way backends are: every module of this package except ``base`` and ``_``-prefixed helpers is imported
+(:func:`algorithms`). From the modules come
+- the order of the steps (their ``STAGE``) and the tags they set;
+- the schema :class:`AlgoConfig`: ``steps`` plus each algorithm's parameters as ``<name>_<field>``;
+- the group's options (:func:`options`): every combination of at most one algorithm per stage, named by its
+  steps joined with ``_`` (``none``, ``cle``, ``cle_adaround``, ...), stored in Hydra's ConfigStore, and the
+  search space's ``algo`` choice (``${algo_choice:}`` in ``conf/hydra/sweeper/search.yaml``).
+Adding an algorithm is one module; docs/development.md walks through it. The algorithms are written here,
+not taken from NNCF, AIMET or Quark: docs/algorithms.md says why.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
+import itertools
+import pkgutil
 import time
+import typing
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+from hydra.core.config_store import ConfigStore
+from omegaconf import OmegaConf
 
+from resnet8ptq.algorithms.base import Algorithm, Context, registered
 from resnet8ptq.spec import QuantSpec
 
-STEPS = ("cle", "adaround", "bias_correction")
+
+@cache
+def algorithms() -> dict[str, type[Algorithm]]:
+    """Every algorithm of the package, by name, in the order of their stages."""
+    for module in pkgutil.iter_modules(__path__):
+        if module.name != "base" and not module.name.startswith("_"):
+            importlib.import_module(f"{__name__}.{module.name}")
+    return registered()
+
+
+def steps_in_order() -> tuple[str, ...]:
+    """The algorithms' names in the order their steps run."""
+    return tuple(algorithms())
+
+
+def options() -> dict[str, list[str]]:
+    """The `algo` group's options: name -> steps, one for every combination of at most one algorithm per
+    stage (``none`` first)."""
+    stages = itertools.groupby(algorithms().values(), key=lambda algorithm: algorithm.STAGE)
+    choices = [[None, *(algorithm.NAME for algorithm in members)] for _, members in stages]
+    combinations = [[name for name in combination if name] for combination in itertools.product(*choices)]
+    order = steps_in_order()
+    combinations.sort(key=lambda steps: (len(steps), [order.index(name) for name in steps]))
+    return {"_".join(steps) or "none": steps for steps in combinations}
 
 
 @dataclass
-class AlgoConfig:
-    """``steps``: the algorithms to apply, a subset of :data:`STEPS` in that order (empty: none);
-    ``adaround_iterations``/``adaround_batch_size``: Adam steps per layer and images per step."""
+class _AlgoSettings:
+    """``steps``: the algorithms to apply, at most one per stage, in the order of their stages (empty:
+    none); the parameters of every algorithm follow as ``<name>_<field>`` (:class:`AlgoConfig`)."""
 
     steps: list[str] = field(default_factory=list)
-    adaround_iterations: int = 1000
-    adaround_batch_size: int = 32
 
     def __post_init__(self) -> None:
-        unknown = [step for step in self.steps if step not in STEPS]
+        known = algorithms()
+        unknown = [step for step in self.steps if step not in known]
         if unknown:
-            raise ValueError(f"algo.steps: unknown {unknown}; expected some of {', '.join(STEPS)}.")
-        if list(self.steps) != sorted(set(self.steps), key=STEPS.index):
-            order = ", ".join(STEPS)
-            raise ValueError(f"algo.steps={list(self.steps)}: each at most once, in the order {order}.")
-        if self.adaround_iterations < 1 or self.adaround_batch_size < 1:
+            raise ValueError(f"algo.steps: unknown {unknown}; expected some of {', '.join(known)}.")
+        stages = [known[step].STAGE for step in self.steps]
+        if stages != sorted(set(stages)):
             raise ValueError(
-                "algo.adaround_iterations and algo.adaround_batch_size: expected positive numbers."
+                f"algo.steps={list(self.steps)}: at most one algorithm per stage, in the order "
+                f"{', '.join(known)} (the options: {', '.join(options())})."
             )
+        for name in known:
+            self.parameters(name)  # each algorithm validates its own
+
+    def parameters(self, name: str) -> Any:
+        """Algorithm ``name``'s parameters as its own dataclass (None if it has none)."""
+        schema = algorithms()[name].Parameters
+        if schema is None:
+            return None
+        values = {item.name: getattr(self, f"{name}_{item.name}") for item in dataclasses.fields(schema)}
+        return schema(**values)
+
+
+def _schema() -> type:
+    """``AlgoConfig``: :class:`_AlgoSettings` with every algorithm's parameters as typed fields."""
+    fields = []
+    for name, algorithm in algorithms().items():
+        if algorithm.Parameters is None:
+            continue
+        hints = typing.get_type_hints(algorithm.Parameters)
+        for item in dataclasses.fields(algorithm.Parameters):
+            default = (
+                field(default_factory=item.default_factory)
+                if item.default_factory is not dataclasses.MISSING
+                else field(default=item.default)
+            )
+            fields.append((f"{name}_{item.name}", hints[item.name], default))
+    schema = dataclasses.make_dataclass("AlgoConfig", fields, bases=(_AlgoSettings,))
+    schema.__module__ = __name__  # make_dataclass's `module` argument is Python 3.12+
+    return schema
+
+
+AlgoConfig = _schema()
+"""The `algo` group's schema: ``steps`` and each algorithm's parameters (e.g. ``adaround_iterations``)."""
+
+
+def parameter_defaults() -> dict[str, Any]:
+    """Every algorithm parameter's default, as ``algo.<name>_<field>``."""
+    defaults = AlgoConfig()
+    return {
+        f"algo.{item.name}": getattr(defaults, item.name)
+        for item in dataclasses.fields(AlgoConfig)
+        if item.name != "steps"
+    }
+
+
+for _name, _steps in options().items():
+    ConfigStore.instance().store(group="algo", name=_name, node=AlgoConfig(steps=_steps))
+
+CHOICE_RESOLVER = "algo_choice"
+"""``${algo_choice:}``: the options as a sweep choice, ``choice(none,cle,...)``: the search space's `algo`."""
+if not OmegaConf.has_resolver(CHOICE_RESOLVER):
+    OmegaConf.register_new_resolver(CHOICE_RESOLVER, lambda: f"choice({','.join(options())})")
 
 
 @dataclass(frozen=True)
@@ -59,8 +148,8 @@ def prepare(
     workdir: Path,
     seed: int = 0,
 ) -> Prepared:
-    """Apply ``algo``'s steps to the model at ``onnx_path``, saved as ``workdir/model_fp32_algo.onnx``; the
-    model itself when there are none. ``seed``: AdaRound's batch sampling."""
+    """Apply ``algo``'s steps, in order, to the model at ``onnx_path``, saved as
+    ``workdir/model_fp32_algo.onnx``; the model itself when there are none."""
     if not algo.steps:
         return Prepared(onnx_path)
     import onnx
@@ -69,23 +158,11 @@ def prepare(
 
     start = time.perf_counter()
     model = onnx.load(onnx_path)
+    context = Context(calibration_images, spec, seed)
     tags = {}
-    if "cle" in algo.steps:
-        from resnet8ptq.algorithms.cle import equalize
-
-        tags["algo.cle_pairs"] = "; ".join(equalize(model)) or "none found"
-    if "adaround" in algo.steps:
-        from resnet8ptq.algorithms.adaround import adaround
-
-        flipped = adaround(
-            model, calibration_images, spec, algo.adaround_iterations, algo.adaround_batch_size, seed
-        )
-        tags["algo.adaround_flipped"] = f"{np.mean(list(flipped.values())):.4f}"
-    if "bias_correction" in algo.steps:
-        from resnet8ptq.algorithms.bias_correction import correct_biases
-
-        moved = correct_biases(model, calibration_images, spec)
-        tags["algo.bias_correction_layers"] = str(len(moved))
+    for name in algo.steps:
+        algorithm = algorithms()[name](algo.parameters(name))
+        tags |= {f"algo.{key}": value for key, value in algorithm.apply(model, context).items()}
     workdir.mkdir(parents=True, exist_ok=True)
     path = workdir / "model_fp32_algo.onnx"
     save_onnx(model, path)

@@ -12,15 +12,48 @@ store exactly the learned integers.
 
 from __future__ import annotations
 
-import numpy as np
-import onnx
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from resnet8ptq.algorithms.bias_correction import layer_inputs
-from resnet8ptq.algorithms.graph import set_initializer
-from resnet8ptq.spec import QuantSpec
-from resnet8ptq.weight_grid import channel_axis, quantized_weights, weight_grid
+import numpy as np
+
+from resnet8ptq.algorithms.base import Algorithm, Context
+
+if TYPE_CHECKING:
+    import onnx
+
+    from resnet8ptq.spec import QuantSpec
 
 ZETA, GAMMA = 1.1, -0.1  # rectified sigmoid stretch (paper, eq. 23)
+
+
+@dataclass
+class AdaRoundParameters:
+    """``iterations``: Adam steps per layer; ``batch_size``: calibration images per step."""
+
+    iterations: int = 1000
+    batch_size: int = 32
+
+    def __post_init__(self) -> None:
+        if self.iterations < 1 or self.batch_size < 1:
+            raise ValueError(
+                "algo.adaround_iterations and algo.adaround_batch_size: expected positive numbers."
+            )
+
+
+class AdaRound(Algorithm):
+    """``adaround``: the weight-rounding stage, after equalization and before bias correction."""
+
+    NAME = "adaround"
+    STAGE = 20
+    Parameters = AdaRoundParameters
+
+    def apply(self, model: onnx.ModelProto, context: Context) -> dict[str, str]:
+        settings: AdaRoundParameters = self.parameters
+        flipped = adaround(
+            model, context.images, context.spec, settings.iterations, settings.batch_size, context.seed
+        )
+        return {"adaround_flipped": f"{np.mean(list(flipped.values())):.4f}"}
 
 
 def adaround(
@@ -29,6 +62,9 @@ def adaround(
     """Round every conv/gemm weight adaptively, in place; returns per layer the fraction of elements
     rounded differently from round-to-nearest."""
     import torch
+
+    from resnet8ptq.algorithms._graph import layer_inputs, set_initializer
+    from resnet8ptq.weight_grid import channel_axis, quantized_weights, weight_grid
 
     torch.manual_seed(seed)
     weights = quantized_weights(model)
@@ -47,6 +83,7 @@ def adaround(
 
 def _fit(node, weight, grid, x: np.ndarray, iterations: int, batch: int) -> np.ndarray:
     """The learned integers of one layer's weight."""
+    import onnx
     import torch
     import torch.nn.functional as F
 

@@ -9,20 +9,36 @@ backends quantize them to exactly that grid and the corrected bias cancels the m
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import onnx
-from onnx import numpy_helper
 
-from resnet8ptq.algorithms.graph import set_initializer
-from resnet8ptq.spec import QuantSpec
-from resnet8ptq.weight_grid import channel_axis, quantized_weights, weight_grid
+from resnet8ptq.algorithms.base import Algorithm, Context
 
-BATCH = 100
+if TYPE_CHECKING:
+    import onnx
+
+    from resnet8ptq.spec import QuantSpec
+
+
+class BiasCorrection(Algorithm):
+    """``bias_correction``: last, so that it corrects the error of the final weights."""
+
+    NAME = "bias_correction"
+    STAGE = 30
+
+    def apply(self, model: onnx.ModelProto, context: Context) -> dict[str, str]:
+        return {"bias_correction_layers": str(len(correct_biases(model, context.images, context.spec)))}
 
 
 def correct_biases(model: onnx.ModelProto, images: np.ndarray, spec: QuantSpec) -> dict[str, float]:
     """Correct every conv/gemm bias in place; returns each layer's largest correction relative to its
     bias range (how much it moved)."""
+    from onnx import numpy_helper
+
+    from resnet8ptq.algorithms._graph import set_initializer
+    from resnet8ptq.weight_grid import channel_axis, quantized_weights, weight_grid
+
     weights = quantized_weights(model)
     layers = [node for node, _ in weights.values() if len(node.input) > 2 and node.input[2]]
     means = _input_window_means(model, layers, images)
@@ -42,39 +58,6 @@ def correct_biases(model: onnx.ModelProto, images: np.ndarray, spec: QuantSpec) 
     return moved
 
 
-def layer_inputs(
-    model: onnx.ModelProto, layers: list[onnx.NodeProto], images: np.ndarray, reduce=None
-) -> dict[str, np.ndarray]:
-    """The input tensor of each layer in the FP32 model on ``images`` (keyed by tensor name), or, with
-    ``reduce(node, batch_input)``, the sum over batches of what it returns (keyed by node name)."""
-    import onnxruntime as ort
-
-    probe = onnx.ModelProto()
-    probe.CopyFrom(model)
-    existing = {output.name for output in probe.graph.output}
-    for node in layers:
-        if node.input[0] not in existing:
-            probe.graph.output.append(onnx.ValueInfoProto(name=node.input[0]))
-            existing.add(node.input[0])
-    session = ort.InferenceSession(probe.SerializeToString(), providers=["CPUExecutionProvider"])
-    names = [output.name for output in session.get_outputs()]
-    collected: dict[str, list] = {}
-    sums: dict[str, np.ndarray] = {}
-    for start in range(0, len(images), BATCH):
-        batch = np.ascontiguousarray(images[start : start + BATCH], dtype=np.float32)
-        outputs = dict(zip(names, session.run(None, {session.get_inputs()[0].name: batch}), strict=True))
-        for node in layers:
-            if reduce is None:
-                collected.setdefault(node.input[0], []).append(outputs[node.input[0]])
-            else:
-                sums[node.name] = sums.get(node.name, 0) + reduce(
-                    node, outputs[node.input[0]].astype(np.float64)
-                )
-    if reduce is None:
-        return {name: np.concatenate(parts) for name, parts in collected.items()}
-    return sums
-
-
 def _input_window_means(
     model: onnx.ModelProto, layers: list[onnx.NodeProto], images: np.ndarray
 ) -> dict[str, np.ndarray]:
@@ -84,12 +67,16 @@ def _input_window_means(
     def window_sums(node: onnx.NodeProto, x: np.ndarray) -> np.ndarray:
         return _conv_window_sums(node, x) if node.op_type == "Conv" else x.reshape(len(x), -1).sum(axis=0)
 
+    from resnet8ptq.algorithms._graph import layer_inputs
+
     sums = layer_inputs(model, layers, images, window_sums)
     return {name: total / len(images) for name, total in sums.items()}
 
 
 def _conv_window_sums(node: onnx.NodeProto, x: np.ndarray) -> np.ndarray:
     """Sum over the batch of the per-position means of each kernel tap's input window: (C, KH, KW)."""
+    import onnx
+
     attributes = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
     if attributes.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET") or any(
         d != 1 for d in attributes.get("dilations", [1, 1])

@@ -10,13 +10,26 @@ add or two consumers are left alone.
 
 from __future__ import annotations
 
-import numpy as np
-import onnx
-from onnx import numpy_helper
+from typing import TYPE_CHECKING
 
-from resnet8ptq.algorithms.graph import set_initializer
+import numpy as np
+
+from resnet8ptq.algorithms.base import Algorithm, Context
+
+if TYPE_CHECKING:
+    import onnx
 
 EPSILON = 1e-12  # channels whose weights are all zero keep their scale (s = 1)
+
+
+class CrossLayerEqualization(Algorithm):
+    """``cle``: first, so that the rounding and the bias correction after it see the equalized weights."""
+
+    NAME = "cle"
+    STAGE = 10
+
+    def apply(self, model: onnx.ModelProto, context: Context) -> dict[str, str]:
+        return {"cle_pairs": "; ".join(equalize(model)) or "none found"}
 
 
 def equalizable_pairs(model: onnx.ModelProto) -> list[tuple[onnx.NodeProto, onnx.NodeProto]]:
@@ -52,6 +65,10 @@ def _plain_conv(node: onnx.NodeProto, inits: set[str]) -> bool:
 
 def equalize(model: onnx.ModelProto) -> list[str]:
     """Equalize every pair in place; returns the names of the pairs (``A -> B``)."""
+    from onnx import numpy_helper
+
+    from resnet8ptq.algorithms._graph import set_initializer
+
     inits = {init.name: init for init in model.graph.initializer}
     done = []
     for first, second in equalizable_pairs(model):

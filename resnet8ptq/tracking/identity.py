@@ -13,6 +13,8 @@ from typing import Any
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from resnet8ptq.algorithms import parameter_defaults
+
 PROJECT_DIR = Path(__file__).resolve().parents[1]
 
 
@@ -42,8 +44,7 @@ ADDED_DEFAULTS = {
     "dtype.activation_bits": "8",
     "dtype.weight_bits": "8",
     "algo.steps": "[]",
-    "algo.adaround_iterations": "1000",
-    "algo.adaround_batch_size": "32",
+    **{key: str(value) for key, value in parameter_defaults().items()},  # each algorithm's, from its module
     "raised_layers": "[]",
     "layer_analysis": "True",
     "mlflow.log_models": "True",

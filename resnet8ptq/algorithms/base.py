@@ -1,0 +1,63 @@
+"""The contract of a PTQ algorithm (the `algo` group): what it is called, where it runs among the steps, its
+parameters, and the transform of the FP32 ONNX model.
+
+An algorithm is one module in ``resnet8ptq/algorithms/`` defining one :class:`Algorithm` subclass; defining
+it registers it (:func:`registered`). Keep heavy imports (onnx, torch) inside its functions: the registry
+imports every algorithm module when the config is composed.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    import numpy as np
+    import onnx
+
+    from resnet8ptq.spec import QuantSpec
+
+_REGISTRY: dict[str, type[Algorithm]] = {}
+
+
+@dataclass(frozen=True)
+class Context:
+    """What an algorithm may use besides the model: the calibration images (NHWC float32 raw 0-255), the
+    quantization it prepares the model for, and the run's seed (``data.seed``)."""
+
+    images: np.ndarray
+    spec: QuantSpec
+    seed: int = 0
+
+
+class Algorithm(ABC):
+    """One PTQ algorithm. Subclasses set :attr:`NAME`, :attr:`STAGE` and, if it has any, :attr:`Parameters`,
+    and implement :meth:`apply`."""
+
+    NAME: ClassVar[str]
+    """Its name in ``algo.steps``, in option names (``cle_adaround``) and in tags (``algo.<NAME>_...``)."""
+    STAGE: ClassVar[int]
+    """Steps run in the order of their stages; algorithms of the same stage are alternatives (at most one
+    of them per run), e.g. two ways of rounding the weights."""
+    Parameters: ClassVar[type | None] = None
+    """A dataclass of its settings with their defaults (the single place they are written), validated in
+    its ``__post_init__``; the `algo` config holds them as ``algo.<NAME>_<field>``."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.NAME in _REGISTRY and _REGISTRY[cls.NAME] is not cls:
+            raise TypeError(f"Two algorithms named {cls.NAME!r}: {_REGISTRY[cls.NAME]} and {cls}.")
+        _REGISTRY[cls.NAME] = cls
+
+    def __init__(self, parameters: Any = None) -> None:
+        self.parameters = parameters
+
+    @abstractmethod
+    def apply(self, model: onnx.ModelProto, context: Context) -> dict[str, str]:
+        """Transform ``model`` in place; return what it did as tags, named without the ``algo.`` prefix."""
+
+
+def registered() -> dict[str, type[Algorithm]]:
+    """The algorithms defined so far, by name, in the order of their stages (then names)."""
+    return dict(sorted(_REGISTRY.items(), key=lambda item: (item[1].STAGE, item[0])))
