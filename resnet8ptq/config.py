@@ -22,6 +22,8 @@ from resnet8ptq.calibration import CalibConfig
 from resnet8ptq.device.config import DeviceConfig
 from resnet8ptq.dtype import DtypeConfig
 from resnet8ptq.errors import ConfigError
+from resnet8ptq.fetch import ASSETS_ENV
+from resnet8ptq.model import MODEL_SHA256
 from resnet8ptq.search.objectives import SearchConfig
 from resnet8ptq.search.target import TargetConfig
 from resnet8ptq.spec import QuantSpec
@@ -29,21 +31,24 @@ from resnet8ptq.spec import QuantSpec
 
 @dataclass
 class DataConfig:
-    root: str = "data"
+    """``root``: the directory holding ``cifar-10-batches-bin/`` (or ``-py/``), downloaded there when absent;
+    $RESNET8PTQ_ASSETS points at an existing copy (which also holds ``models/pretrainedResnet.h5``)."""
+
+    root: str = f"${{oc.env:{ASSETS_ENV},data}}"
     download: bool = True
-    calib_per_class: int = 100
-    seed: int = 42
+    calib_per_class: int = 100  # calibration images per class, drawn from the TRAINING split
+    seed: int = 42  # the calibration sample's draw (and AdaRound's batches)
 
 
 @dataclass
 class ModelConfig:
-    path: str | None = None
-    sha256: str | None = None
+    path: str | None = None  # Keras .h5; null: $RESNET8PTQ_ASSETS/models/pretrainedResnet.h5 or a download
+    sha256: str | None = MODEL_SHA256  # MLPerf Tiny's pretrainedResnet.h5; null accepts any model
 
 
 @dataclass
 class MlflowConfig:
-    tracking_uri: str | None = None
+    tracking_uri: str | None = None  # null: MLflow's default (sqlite:///mlflow.db in the working directory)
     experiment: str = "resnet8ptq"
     register_as: str | None = None  # register the sweep's most accurate model under this name
     log_models: bool = True  # each run's model as an MLflow Model (false: the model file as an artifact only)
@@ -51,27 +56,33 @@ class MlflowConfig:
 
 @dataclass
 class ReportConfig:
+    """The comparison report written at the end of every run and sweep (:mod:`resnet8ptq.report`)."""
+
     enabled: bool = True
     max_drop_points: float = 5.0  # configurations losing more accuracy (points vs FP32) are flagged
 
 
 @dataclass
 class Config:
+    """Every setting and its default: the single place defaults are written (``conf/config.yaml`` holds
+    the groups' default choices and Hydra's settings; the group YAMLs only what their choice changes).
+    ``python run.py --cfg job`` prints the composed config; docs/usage.md lists every setting."""
+
     backend: Any = MISSING  # the chosen backend's own schema (`<name>_schema`) types it
     dtype: DtypeConfig = MISSING  # the `dtype` group's choice
     calib: CalibConfig = MISSING  # the `calib` group's choice
     algo: AlgoConfig = MISSING  # the `algo` group's choice
     device: DeviceConfig = MISSING  # the `device` group's choice
-    per_channel: bool = False
-    reduce_range: bool = False  # weights in 7 bits (ORT's reduce_range)
-    raised_layers: list[str] = field(default_factory=list)  # layers at 16 bits (mixed precision)
+    per_channel: bool = False  # per-output-channel weight scales
+    reduce_range: bool = False  # weights in 7 bits (ORT's reduce_range): no u8s8 saturation without VNNI
+    raised_layers: list[str] = field(default_factory=list)  # layers at 16 bits, named as in layer_sqnr.csv
     native_tolerance_points: float = 0.3  # largest |native - reference| accuracy gap tagged `native`
     layer_analysis: bool = True  # per-layer SQNR of every quantized run (analysis/layer_sqnr.csv, sqnr_*)
-    threads: int | None = None
+    threads: int | None = None  # compute threads per run; null: the cores divided among parallel jobs
     rerun: bool = False  # run configurations that already have a FINISHED run with the same config_hash
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
-    cache_dir: str = MISSING
+    cache_dir: str = "${oc.env:RESNET8PTQ_CACHE,${oc.env:HOME}/.cache/resnet8ptq}"  # converted models
     mlflow: MlflowConfig = field(default_factory=MlflowConfig)
     report: ReportConfig = field(default_factory=ReportConfig)
     search: SearchConfig = field(default_factory=SearchConfig)  # what a search returns (objectives)

@@ -96,13 +96,3 @@ def raised_in(layers: Iterable[LayerPrecision], activation_bits: int) -> list[st
     per-channel weights, never more), activations wider than 8 bits and than ``dtype.activation_bits``."""
     limit = {"activation": max(8, activation_bits), "weight": 8}
     return [layer.layer for layer in layers if layer.bits > limit[layer.kind]]
-
-
-def base_precision(layers: Sequence[LayerPrecision], kind: str) -> tuple[str, int]:
-    """(storage type, bits) of the narrowest ``kind`` layers: the model's own width, apart from the raised
-    layers. Raises if the model holds no such layer."""
-    found = [layer for layer in layers if layer.kind == kind]
-    if not found:
-        raise RuntimeError(f"The quantized model has no quantized {kind}: it is not quantized.")
-    narrowest = min(found, key=lambda layer: layer.bits)
-    return narrowest.dtype, narrowest.bits

@@ -19,7 +19,7 @@ from mlflow.data.numpy_dataset import NumpyDataset
 from omegaconf import DictConfig, OmegaConf
 
 from resnet8ptq import drawing, hardware, records
-from resnet8ptq.algorithms import AlgoConfig, Prepared, prepare
+from resnet8ptq.algorithms import AlgoConfig, prepare
 from resnet8ptq.artifacts import evaluation_files
 from resnet8ptq.backends.base import KERAS_SOURCE, Backend, QuantizedModel
 from resnet8ptq.config import quant_spec
@@ -35,12 +35,12 @@ from resnet8ptq.data import (
 from resnet8ptq.device.config import DeviceConfig
 from resnet8ptq.errors import ConfigError, ModelError
 from resnet8ptq.evaluate import Baseline, evaluate_baseline
-from resnet8ptq.execution import QuantizedResult, evaluate_quantized
+from resnet8ptq.execution import evaluate_quantized
 from resnet8ptq.layers import check_raised, expected_raised, raised_in, sharing
 from resnet8ptq.mlperf import perf_subset_indices
 from resnet8ptq.model import CanonicalModel, canonical_onnx, conversion_key, resolve_h5
-from resnet8ptq.records import ModelRecord
-from resnet8ptq.spec import LayerError, QuantSpec
+from resnet8ptq.records import ModelRecord, Quantization, RunContext
+from resnet8ptq.spec import QuantSpec
 from resnet8ptq.tracking.identity import config_hash, git_commit, run_params
 from resnet8ptq.tracking.models import content_digest, numpy_dataset
 from resnet8ptq.tracking.runs import child_run, first_in_sweep, set_tags, skip_finished
@@ -113,11 +113,9 @@ def run(cfg: DictConfig, output_dir: Path, extra_tags: Mapping[str, str] | None 
         set_tags(run_id, context)
         inputs = run_inputs(data, cfg.data.calib_per_class, cfg.data.seed)
         fp32_record = model_record(cfg, backend, baseline.model.path, test_images, inputs.fp32)
-        run_tags = tags | context
-        records.log_baseline_once(
-            experiment_id, backend.NAME, baseline, params, run_tags, output_dir, fp32_record, perf_subset
-        )
-        log_published_once(cfg, experiment_id, backend, baseline, data, params, run_tags, output_dir)
+        record = RunContext(experiment_id, params, tags | context, baseline, perf_subset, output_dir)
+        records.log_baseline_once(record, backend.NAME, fp32_record)
+        log_published_once(cfg, record, backend, data)
 
         # 3-4. PTQ algorithms on the FP32 model (`algo`), quantize, and evaluate on the full test set: the
         #      reference semantics, and the runtime form on this CPU. Device runs of one quantization (a
@@ -141,7 +139,7 @@ def run(cfg: DictConfig, output_dir: Path, extra_tags: Mapping[str, str] | None 
         else:
             set_tags(run_id, {"device.quantization_run": made.run_name})
             log.info("%s: reusing the quantized model of %s", run_name, made.run_name)
-        prepared, quantized, shared, result = made.prepared, made.quantized, made.shared, made.result
+        prepared, quantized, result = made.prepared, made.quantized, made.result
         log.info(
             "%s: accuracy %.4f (FP32 %.4f); %s: %s",
             run_name,
@@ -167,7 +165,6 @@ def run(cfg: DictConfig, output_dir: Path, extra_tags: Mapping[str, str] | None 
                 images = calibration_images[:LAYER_ERROR_IMAGES]
                 made.layer_errors = backend.layer_errors(given, quantized, images)
                 quantized.metrics["layer_analysis_seconds"] = time.perf_counter() - start
-        layer_errors = made.layer_errors
 
         # 5. The device (`device`): the saved model's integer form run as the device computes, every image.
         device_result = None
@@ -196,40 +193,12 @@ def run(cfg: DictConfig, output_dir: Path, extra_tags: Mapping[str, str] | None 
 
         # 6. Log.
         model = model_record(cfg, backend, quantized.path, test_images, inputs.quantized)
-        records.log_quantized(
-            run_id,
-            run_name,
-            cfg,
-            quantized,
-            result,
-            baseline,
-            evaluation,
-            layer_errors,
-            output_dir,
-            model,
-            prepared,
-            shared,
-            perf_subset,
-        )
+        records.log_quantized(record, run_id, run_name, cfg, made, evaluation, model)
         if device_result is not None:
             records.log_device(
-                run_id, device_result, integer, test_images, result.reference.predictions, output_dir
+                record, run_id, device_result, integer, test_images, result.reference.predictions
             )
     return run_id
-
-
-@dataclass
-class Made:
-    """A quantization's model and evaluation, kept for the device runs that share it."""
-
-    run_name: str  # the run that made it
-    prepared: Prepared
-    quantized: QuantizedModel
-    shared: dict[str, str]
-    result: QuantizedResult
-    layer_errors: list[LayerError] | None = (
-        None  # computed once, after the evaluation's charts are handed over
-    )
 
 
 class Recent:
@@ -238,12 +207,12 @@ class Recent:
 
     def __init__(self, size: int = 2) -> None:
         self.size = size
-        self._items: dict[str, Made] = {}
+        self._items: dict[str, Quantization] = {}
 
-    def get(self, key: str) -> Made | None:
+    def get(self, key: str) -> Quantization | None:
         return self._items.get(key)
 
-    def put(self, key: str, made: Made) -> None:
+    def put(self, key: str, made: Quantization) -> None:
         self._items.pop(key, None)
         self._items[key] = made
         while len(self._items) > self.size:
@@ -269,7 +238,7 @@ def quantize_and_evaluate(
     test_labels: np.ndarray,
     output_dir: Path,
     run_name: str,
-) -> Made:
+) -> Quantization:
     """The PTQ algorithms on the FP32 model (`algo`), the quantization, the check of its layers, and the
     evaluation of both forms on the full test set."""
     prepared = prepare(
@@ -280,7 +249,7 @@ def quantize_and_evaluate(
     shared = check_layers(quantized, spec, onnx.load(prepared.onnx_path))
     tolerance = cfg.native_tolerance_points
     result = evaluate_quantized(quantized, test_images, test_labels, run_name, tolerance)
-    return Made(run_name, prepared, quantized, shared, result)
+    return Quantization(run_name, prepared, quantized, shared, result)
 
 
 def model_record(
@@ -405,40 +374,19 @@ def source_path(backend: Backend, canonical: CanonicalModel, onnx_path: Path) ->
     return canonical.h5_path if backend.SOURCE == KERAS_SOURCE else onnx_path
 
 
-def log_published_once(
-    cfg: DictConfig,
-    experiment_id: str,
-    backend: Backend,
-    baseline: Baseline,
-    data: Cifar10,
-    params: dict[str, object],
-    tags: dict[str, str],
-    output_dir: Path,
-) -> None:
+def log_published_once(cfg: DictConfig, record: RunContext, backend: Backend, data: Cifar10) -> None:
     """Evaluate each quantized model published for the backend's format (:meth:`Backend.published_models`)
     on the test set like the backend's own, and log it as a run of its own, once per sweep."""
     test_images, test_labels = test_set(data)
     inputs = run_inputs(data, cfg.data.calib_per_class, cfg.data.seed)
-    perf_subset = perf_subset_indices(Path(cfg.cache_dir))
     for name, published in backend.published_models(Path(cfg.cache_dir)).items():
-        with first_in_sweep(experiment_id, **{records.REFERENCE_TAG: name}) as first:
+        with first_in_sweep(record.experiment_id, **{records.REFERENCE_TAG: name}) as first:
             if not first:
                 continue
             tolerance = cfg.native_tolerance_points
             result = evaluate_quantized(published, test_images, test_labels, f"{name} (published)", tolerance)
-            record = model_record(cfg, backend, published.path, test_images, inputs.fp32)
-            records.log_published(
-                experiment_id,
-                name,
-                published,
-                result,
-                baseline,
-                params,
-                tags,
-                output_dir,
-                record,
-                perf_subset,
-            )
+            model = model_record(cfg, backend, published.path, test_images, inputs.fp32)
+            records.log_published(record, name, published, result, model)
 
 
 def fp32_model(path: str | None, sha256: str | None, cache_dir: Path) -> CanonicalModel:

@@ -85,6 +85,33 @@ class ModelRecord:
             set_tags(run_id, {"model_uri": log_model(run_id, name, self.flavor, self.input_example)})
 
 
+@dataclass(frozen=True)
+class RunContext:
+    """What the records of one run share: its experiment, its settings and tags (a run of a model this
+    configuration did not make drops the quantization ones, :func:`unquantized`), the backend's FP32
+    baseline it is compared with, MLPerf Tiny's performance subset, and the directory its files go to."""
+
+    experiment_id: str
+    params: Mapping[str, Any]
+    tags: Mapping[str, str]
+    baseline: Baseline
+    perf_subset: np.ndarray
+    output_dir: Path
+
+
+@dataclass
+class Quantization:
+    """A quantization's model, how it was made and its evaluation: what a quantized run records, kept for
+    the device runs that share it."""
+
+    run_name: str  # the run that made it
+    prepared: Prepared
+    quantized: QuantizedModel
+    shared: dict[str, str]  # which layer takes which one's quantization (layers.sharing)
+    result: QuantizedResult
+    layer_errors: list[LayerError] | None = None  # computed once, after the evaluation's charts are drawn
+
+
 def unquantized(params: Mapping[str, Any], tags: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, str]]:
     """A quantized run's params and tags without its quantization settings: those of a run of a model this
     configuration did not make (the FP32 baseline, a published model)."""
@@ -98,23 +125,15 @@ def unquantized(params: Mapping[str, Any], tags: Mapping[str, str]) -> tuple[dic
     )
 
 
-def log_baseline_once(
-    experiment_id: str,
-    backend_name: str,
-    baseline: Baseline,
-    params: Mapping[str, Any],
-    tags: Mapping[str, str],
-    output_dir: Path,
-    model: ModelRecord,
-    perf_subset: np.ndarray,
-) -> None:
+def log_baseline_once(context: RunContext, backend_name: str, model: ModelRecord) -> None:
     """Log the backend's FP32 model as a run of its own (tag quantized=false) beside the quantized runs, once
     per sweep and backend, also when parallel jobs of the sweep get here together."""
-    with first_in_sweep(experiment_id, backend=backend_name, quantized="false") as first:
+    baseline = context.baseline
+    with first_in_sweep(context.experiment_id, backend=backend_name, quantized="false") as first:
         if not first:
             return
         name = f"{backend_name}-fp32"
-        fp32_params, fp32_tags = unquantized(params, tags)
+        fp32_params, fp32_tags = unquantized(context.params, context.tags)
         fp32_tags |= {
             "quantized": "false",
             "dtype.activation": "float32",
@@ -122,15 +141,15 @@ def log_baseline_once(
             "dtype.activation_bits": "32",
             "dtype.weight_bits": "32",
         }
-        with child_run(experiment_id, name, fp32_tags, fp32_params) as run_id:
+        with child_run(context.experiment_id, name, fp32_tags, fp32_params) as run_id:
             metrics = {
-                **evaluation_metrics(baseline.evaluation, baseline.model.path, perf_subset),
+                **evaluation_metrics(baseline.evaluation, baseline.model.path, context.perf_subset),
                 "throughput_img_s": baseline.evaluation.throughput_img_s,
                 "latency_ms_b1": baseline.latency_ms_b1,
                 "eval_seconds": baseline.evaluation.eval_seconds,
             }
             log_metrics(run_id, {**metrics, "fp32_size_bytes": metrics["model_size_bytes"]})
-            files = evaluation_files(baseline.evaluation, output_dir / "fp32", name)
+            files = evaluation_files(baseline.evaluation, context.output_dir / "fp32", name)
             model.log(run_id, name)  # while the charts are drawn
             log_artifacts(run_id, [*files, ("model", baseline.model.path)])
 
@@ -171,35 +190,31 @@ def quantized_metrics(
 
 
 def log_quantized(
+    context: RunContext,
     run_id: str,
     run_name: str,
     cfg: DictConfig,
-    quantized: QuantizedModel,
-    result: QuantizedResult,
-    baseline: Baseline,
+    made: Quantization,
     evaluation: list[Artifact],
-    layer_errors: list[LayerError],
-    output_dir: Path,
     model: ModelRecord,
-    prepared: Prepared,
-    shared: Mapping[str, str],
-    perf_subset: np.ndarray,
 ) -> None:
     """Everything a quantized run records: metrics, effective dtypes, execution, the ``evaluation``'s files
-    (:func:`~resnet8ptq.artifacts.evaluation_files`), layer errors, every layer's precision (``shared``:
-    which layer takes which one's quantization), the layers raised to 16 bits, artifacts, the MLflow Model
-    and the datasets; what the PTQ algorithms did and their seconds."""
+    (:func:`~resnet8ptq.artifacts.evaluation_files`), layer errors, every layer's precision and which layer
+    takes which one's quantization, the layers raised to 16 bits, artifacts, the MLflow Model and the
+    datasets; what the PTQ algorithms did and their seconds."""
+    quantized, prepared, output_dir = made.quantized, made.prepared, context.output_dir
+    layer_errors = made.layer_errors or []
     # Drawn while the run logs; none without the analysis (layer_analysis=false).
     layer_files = layer_error_files(layer_errors, output_dir, run_name) if layer_errors else []
     worst = min(layer_errors, key=lambda error: error.sqnr_db, default=None)
     worst_tag = {"sqnr_worst_layer": f"{worst.layer} ({worst.kind}, {worst.sqnr_db:.1f} dB)"} if worst else {}
     raised = raised_in(quantized.layers, cfg.dtype.activation_bits)
-    metrics = quantized_metrics(quantized, result, baseline, layer_errors, perf_subset)
+    metrics = quantized_metrics(quantized, made.result, context.baseline, layer_errors, context.perf_subset)
     log_metrics(run_id, {**metrics, "algo_seconds": prepared.seconds})
     set_tags(
         run_id,
         {
-            **read_back_tags(quantized, result),
+            **read_back_tags(quantized, made.result),
             **worst_tag,
             **({"mixed_precision.raised": ",".join(raised)} if raised else {}),
             **prepared.tags,
@@ -208,7 +223,7 @@ def log_quantized(
     files = [
         *evaluation,
         *layer_files,
-        *layer_precision_file(quantized.layers, shared, output_dir),
+        *layer_precision_file(quantized.layers, made.shared, output_dir),
         ("model", quantized.path),
         *ranges_file(quantized.ranges, output_dir),
         *config_file(cfg, output_dir),
@@ -232,42 +247,33 @@ def read_back_tags(quantized: QuantizedModel, result: QuantizedResult) -> dict[s
 
 
 def log_published(
-    experiment_id: str,
-    name: str,
-    published: QuantizedModel,
-    result: QuantizedResult,
-    baseline: Baseline,
-    params: Mapping[str, Any],
-    tags: Mapping[str, str],
-    output_dir: Path,
-    model: ModelRecord,
-    perf_subset: np.ndarray,
+    context: RunContext, name: str, published: QuantizedModel, result: QuantizedResult, model: ModelRecord
 ) -> None:
     """Log a published quantized model (``name``: its publisher, e.g. ``mlperf``) as a run of its own (tags
     ``reference=<name>``, quantized=true), evaluated like the backend's models; Δ against the backend's FP32.
     Not logged: what the tool did not do (calibration, quantization, layer errors, config_hash)."""
     run_name = f"{name}-{published.activation_dtype}-published"
-    run_params, run_tags = unquantized(params, tags)
+    run_params, run_tags = unquantized(context.params, context.tags)
     run_tags |= {"quantized": "true", REFERENCE_TAG: name}
-    with child_run(experiment_id, run_name, run_tags, run_params) as run_id:
-        metrics = quantized_metrics(published, result, baseline, [], perf_subset)
+    with child_run(context.experiment_id, run_name, run_tags, run_params) as run_id:
+        metrics = quantized_metrics(published, result, context.baseline, [], context.perf_subset)
         log_metrics(
             run_id, {k: v for k, v in metrics.items() if k not in ("calib_seconds", "quantize_seconds")}
         )
         set_tags(run_id, read_back_tags(published, result))
-        evaluation_dir = output_dir / f"published-{name}"
-        files = evaluation_files(result.reference, evaluation_dir, run_name, baseline.evaluation)
+        evaluation_dir = context.output_dir / f"published-{name}"
+        files = evaluation_files(result.reference, evaluation_dir, run_name, context.baseline.evaluation)
         model.log(run_id, run_name)  # while the charts are drawn
         log_artifacts(run_id, [*files, ("model", published.path)])
 
 
 def log_device(
+    context: RunContext,
     run_id: str,
     result: DeviceResult,
     model: IntegerModel,
     test_images: np.ndarray,
     reference_predictions: np.ndarray,
-    output_dir: Path,
 ) -> None:
     """A device run's record (`device` != none): accuracy on the device over its noise draws, the reader of
     the integer form, and the artifacts ``device/``: every test image's label with the reference's and the
@@ -277,7 +283,7 @@ def log_device(
 
     from resnet8ptq.device.export import export
 
-    out_dir = output_dir / "device"
+    out_dir = context.output_dir / "device"
     out_dir.mkdir(parents=True, exist_ok=True)
     predictions = out_dir / "predictions.csv"
     pd.DataFrame(

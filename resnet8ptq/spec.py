@@ -6,6 +6,7 @@ schemas."""
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -82,3 +83,13 @@ class LayerPrecision:
     dtype: str  # storage type, e.g. "int8", "uint16"
     bits: int  # activations: the width of the range the quantize op clamps to; weights: the fewest bits
     # holding every stored integer
+
+
+def base_precision(layers: Sequence[LayerPrecision], kind: str) -> tuple[str, int]:
+    """(storage type, bits) of the narrowest ``kind`` layers: the model's own width, apart from the raised
+    layers. Raises if the model holds no such layer."""
+    found = [layer for layer in layers if layer.kind == kind]
+    if not found:
+        raise RuntimeError(f"The quantized model has no quantized {kind}: it is not quantized.")
+    narrowest = min(found, key=lambda layer: layer.bits)
+    return narrowest.dtype, narrowest.bits

@@ -20,7 +20,7 @@ from omegaconf import MISSING
 
 from resnet8ptq.device.graph import IntegerModel
 from resnet8ptq.errors import Unsupported
-from resnet8ptq.spec import LayerError, LayerPrecision, QuantSpec, TensorRange
+from resnet8ptq.spec import LayerError, LayerPrecision, QuantSpec, TensorRange, base_precision
 
 Predictor = Callable[[np.ndarray], np.ndarray]
 """NHWC float32 raw 0-255 images (any batch size) -> class probabilities (N, 10)."""
@@ -69,21 +69,36 @@ class Runtime:
 
 @dataclass
 class QuantizedModel:
-    """A quantized model, saved, in its two forms, with what the run logs about how it was made."""
+    """A quantized model, saved, in its two forms, with what the run logs about how it was made. Its storage
+    types and widths are read back from its layers (:attr:`layers`), never taken from the request."""
 
     path: Path
     reference: Predictor  # the exact semantics: quantize/dequantize, or reference integer kernels (every CPU)
     runtime: Runtime  # what the library executes on this CPU (may be ``reference`` itself)
-    activation_dtype: str  # effective storage type, read back from the saved model
-    weight_dtype: str  # effective storage type, read back from the saved model
-    activation_bits: int  # effective width, read back from the saved model
-    weight_bits: int  # effective width: the fewest bits holding every stored weight integer
+    layers: list[LayerPrecision]  # every quantized layer, read back from the saved model
     ranges: list[TensorRange]
     calib_seconds: float
     quantize_seconds: float
-    layers: list[LayerPrecision] = field(default_factory=list)  # every quantized layer, read back
     metrics: dict[str, float] = field(default_factory=dict)  # backend-specific, e.g. compile_seconds
     tags: dict[str, str] = field(default_factory=dict)  # backend-specific, e.g. execution_reason
+
+    @property
+    def activation_dtype(self) -> str:
+        """The activations' storage type (of the narrowest layers: raised layers apart)."""
+        return base_precision(self.layers, "activation")[0]
+
+    @property
+    def activation_bits(self) -> int:
+        return base_precision(self.layers, "activation")[1]
+
+    @property
+    def weight_dtype(self) -> str:
+        return base_precision(self.layers, "weight")[0]
+
+    @property
+    def weight_bits(self) -> int:
+        """The fewest bits holding every stored weight integer (raised layers apart)."""
+        return base_precision(self.layers, "weight")[1]
 
 
 class Backend(ABC):

@@ -11,26 +11,11 @@ KINDS = ("none", "integer", "cim")
 ADC_RANGES = ("calibrated", "worst_case")
 
 
-@dataclass(frozen=True)
-class Crossbar:
-    """A crossbar's parameters (:mod:`resnet8ptq.device.cim` models them; aihwkit's names: docs/device.md)."""
-
-    rows: int | None = None  # rows per tile; None: one tile holds every term
-    adc_bits: int | None = None  # None: an ideal ADC (the partial sum read exactly)
-    adc_range: str = "calibrated"
-    dac_bits: int = 8
-    bits_per_cell: int = 8
-    cells_per_weight: int = 1
-    weight_noise: float = 0.0  # σ as a fraction of a cell's range
-    accumulator_bits: int = 32
-
-
 @dataclass
-class DeviceConfig:
-    """The device a quantized model is evaluated on. Every crossbar setting's default is the ideal one, so
-    ``device=cim`` alone equals ``device=integer``; each limit is the user's explicit choice."""
+class Crossbar:
+    """A crossbar's parameters (:mod:`resnet8ptq.device.cim` models them; aihwkit's names: docs/device.md).
+    Every default is the ideal device."""
 
-    kind: str = "none"
     rows: int | None = None  # crossbar rows per tile (aihwkit: mapping.max_input_size); null: one tile
     adc_bits: int | None = None  # ADC resolution per partial sum (aihwkit: forward.out_res); null: ideal
     adc_range: str = "calibrated"  # the ADC's full scale: calibrated | worst_case
@@ -39,6 +24,15 @@ class DeviceConfig:
     cells_per_weight: int = 1  # cells a weight's magnitude is sliced over
     weight_noise: float = 0.0  # programming noise σ, a fraction of a cell's range (aihwkit: w_noise)
     accumulator_bits: int = 32  # the digital accumulator adding the tiles (saturating)
+
+
+@dataclass
+class DeviceConfig(Crossbar):
+    """The device a quantized model is evaluated on: its kind, the crossbar's settings (a :class:`Crossbar`;
+    only ``cim`` may change them, so ``device=cim`` alone equals ``device=integer``) and how it is
+    evaluated."""
+
+    kind: str = "none"
     noise_seeds: int = 5  # noise draws a noisy device is evaluated over (mean, std, 95% interval)
     batch_size: int = 500  # images per step of the executor (memory, not results)
 
@@ -119,18 +113,7 @@ class DeviceConfig:
 
     def crossbar(self) -> Crossbar:
         """The crossbar these settings describe (``integer``: the ideal one)."""
-        if self.kind != "cim":
-            return Crossbar()
-        return Crossbar(
-            rows=self.rows,
-            adc_bits=self.adc_bits,
-            adc_range=self.adc_range,
-            dac_bits=self.dac_bits,
-            bits_per_cell=self.bits_per_cell,
-            cells_per_weight=self.cells_per_weight,
-            weight_noise=self.weight_noise,
-            accumulator_bits=self.accumulator_bits,
-        )
+        return Crossbar(**{item.name: getattr(self, item.name) for item in fields(Crossbar)})
 
     def check_weights(self, signedness: str, weight_bits: int) -> None:
         """Fail unless the cells can hold the magnitude of every weight the `dtype` allows: signed

@@ -36,7 +36,12 @@ class SearchConfig:
     that method (setting -> choices; :mod:`.space`)."""
 
     objectives: list[str] = field(default_factory=lambda: ["accuracy"])
-    calib_params: dict[str, dict[str, list[Any]]] = field(default_factory=dict)
+    calib_params: dict[str, dict[str, list[Any]]] = field(
+        default_factory=lambda: {
+            "percentile": {"calib.percentile": [99.9, 99.99, 99.999, 99.9999]},
+            "entropy": {"calib.num_quantized_bins": [128, 256, 512]},
+        }
+    )
 
     def __post_init__(self) -> None:
         directions(self.objectives)

@@ -7,6 +7,7 @@ import hashlib
 import json
 import subprocess
 from collections.abc import Mapping
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from resnet8ptq.algorithms import parameter_defaults
+from resnet8ptq.device.config import DeviceConfig
 
 PROJECT_DIR = Path(__file__).resolve().parents[1]
 
@@ -44,28 +46,20 @@ ADDED_DEFAULTS = {
     "dtype.activation_bits": "8",
     "dtype.weight_bits": "8",
     "algo.steps": "[]",
-    **{key: str(value) for key, value in parameter_defaults().items()},  # each algorithm's, from its module
     "raised_layers": "[]",
     "layer_analysis": "True",
     "mlflow.log_models": "True",
+    **{key: str(value) for key, value in parameter_defaults().items()},  # each algorithm's, from its module
     **{
-        f"device.{key}": value
-        for key, value in {
-            "kind": "none",
-            "rows": "None",
-            "adc_bits": "None",
-            "adc_range": "calibrated",
-            "dac_bits": "8",
-            "bits_per_cell": "8",
-            "cells_per_weight": "1",
-            "weight_noise": "0.0",
-            "accumulator_bits": "32",
-            "noise_seeds": "5",
-        }.items()
+        f"device.{item.name}": str(item.default)
+        for item in fields(DeviceConfig)
+        if f"device.{item.name}" not in NOT_RESULT
     },
 }
 """Settings added after runs were tracked, at the value that gives the earlier result: left out of the hash
-at that value, so the earlier runs keep their config_hash and resumed sweeps still find them."""
+at that value, so the earlier runs keep their config_hash and resumed sweeps still find them. The algorithms'
+parameters and the device's settings enter at their defaults, read from their schemas: a later change of one
+of those defaults must write its earlier value here."""
 
 
 def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -19,11 +19,11 @@ from resnet8ptq.backends.onnx.widths import raised_overrides
 from resnet8ptq.calibration import CalibConfig
 from resnet8ptq.dtype import DtypeConfig
 from resnet8ptq.errors import ConfigError, RaisedLayerError, TargetNotReached
-from resnet8ptq.layers import base_precision, check_raised, expected_raised, model_layers, raised_in, sharing
+from resnet8ptq.layers import check_raised, expected_raised, model_layers, raised_in, sharing
 from resnet8ptq.report import writer as report
 from resnet8ptq.search.objectives import REFUSED, trial_tag
 from resnet8ptq.search.target import reach_target
-from resnet8ptq.spec import LayerPrecision, QuantSpec
+from resnet8ptq.spec import LayerPrecision, QuantSpec, base_precision
 from resnet8ptq.tracking.sweep import PARENT_RUN_ENV
 
 

@@ -23,8 +23,7 @@ from resnet8ptq.calibration import CalibConfig
 from resnet8ptq.dtype import DtypeConfig
 from resnet8ptq.errors import DataError, Unsupported
 from resnet8ptq.evaluate import Evaluation
-from resnet8ptq.layers import base_precision
-from resnet8ptq.spec import QuantSpec
+from resnet8ptq.spec import QuantSpec, base_precision
 
 MINMAX = CalibConfig("minmax")
 

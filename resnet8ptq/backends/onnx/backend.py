@@ -27,7 +27,6 @@ from resnet8ptq.backends.onnx import layer_errors
 from resnet8ptq.backends.onnx.reader import ImageReader, input_name
 from resnet8ptq.backends.onnx.widths import QUANT_TYPES, check_widths, layer_precision, tensor_overrides
 from resnet8ptq.device.graph import IntegerModel
-from resnet8ptq.layers import base_precision
 from resnet8ptq.model import save_onnx
 from resnet8ptq.spec import LayerError, QuantSpec, TensorRange
 
@@ -152,8 +151,6 @@ class OnnxRuntimeBackend(Backend):
         quantize_seconds = time.perf_counter() - start
 
         layers = layer_precision(quantized)
-        activation_dtype, activation_bits = base_precision(layers, "activation")
-        weight_dtype, weight_bits = base_precision(layers, "weight")
         ranges = [
             TensorRange(name, float(np.min(data.range_value[0])), float(np.max(data.range_value[1])))
             for name, data in sorted(tensors_range.data.items())
@@ -163,10 +160,6 @@ class OnnxRuntimeBackend(Backend):
             path=out,
             reference=reference,
             runtime=self._runtime(out, workdir) if self.native else Runtime(reference, False, NO_NATIVE),
-            activation_dtype=activation_dtype,
-            weight_dtype=weight_dtype,
-            activation_bits=activation_bits,
-            weight_bits=weight_bits,
             ranges=ranges,
             layers=layers,
             calib_seconds=calib_seconds,

@@ -36,7 +36,6 @@ from resnet8ptq.backends.tflite.private_api import execution_nodes
 from resnet8ptq.device.graph import IntegerModel
 from resnet8ptq.errors import Unsupported
 from resnet8ptq.fetch import sha256_of
-from resnet8ptq.layers import base_precision
 from resnet8ptq.model import converter_versions
 from resnet8ptq.spec import LayerError, QuantSpec
 
@@ -178,8 +177,6 @@ class TFLiteBackend(Backend):
         model = read(path)
         check_fully_quantized(model)
         layers = layer_precision(model)
-        activation_dtype, activation_bits = base_precision(layers, "activation")
-        weight_dtype, weight_bits = base_precision(layers, "weight")
         reference = TFLiteRunner(path, self.threads, reference=True)
         if self.native:
             default = TFLiteRunner(path, self.threads)
@@ -191,10 +188,6 @@ class TFLiteBackend(Backend):
             path=path,
             reference=reference,
             runtime=runtime,
-            activation_dtype=activation_dtype,
-            weight_dtype=weight_dtype,
-            activation_bits=activation_bits,
-            weight_bits=weight_bits,
             ranges=quantized_ranges(model),
             layers=layers,
             calib_seconds=calib_seconds,

@@ -47,8 +47,7 @@ from resnet8ptq.backends.torch.quantizer import (
     make_quantizer,
 )
 from resnet8ptq.device.graph import IntegerModel
-from resnet8ptq.layers import base_precision
-from resnet8ptq.spec import LayerError, QuantSpec
+from resnet8ptq.spec import LayerError, QuantSpec, base_precision
 
 log = logging.getLogger(__name__)
 
@@ -100,24 +99,18 @@ class TorchBackend(Backend):
         program = save_program(exported, path)
         counts = check_quantized(program)
         layers = layer_precision(program, layer_nodes)
-        activation_dtype, activation_bits = base_precision(layers, "activation")
-        weight_dtype, weight_bits = base_precision(layers, "weight")
         quantize_seconds = time.perf_counter() - start - calib_seconds  # as in ORT: calibration apart
 
         reference_module = program.module()
         fold_weight_dequantize(reference_module)  # the same numbers, computed once (program.py)
         reference = make_predictor(reference_module)
-        dtypes = (activation_dtype, weight_dtype)
+        dtypes = (base_precision(layers, "activation")[0], base_precision(layers, "weight")[0])
         runtime, compile_seconds = self._runtime(program, reference_module, shape, dtypes, reference)
-        log.info("torch %s/%s runtime: %s", activation_dtype, weight_dtype, runtime.kernels)
+        log.info("torch %s/%s runtime: %s", *dtypes, runtime.kernels)
         return QuantizedModel(
             path=path,
             reference=reference,
             runtime=runtime,
-            activation_dtype=activation_dtype,
-            weight_dtype=weight_dtype,
-            activation_bits=activation_bits,
-            weight_bits=weight_bits,
             ranges=ranges,
             layers=layers,
             calib_seconds=calib_seconds,
