@@ -1,5 +1,5 @@
 """What each run records in MLflow: the metrics, tags and artifacts of a quantized run, of the backend's FP32
-baseline run and of a published model's reference run (the names are the contract the README lists and the
+baseline run and of a published model's reference run (the names are the contract docs/mlflow.md lists and the
 report reads)."""
 
 from __future__ import annotations

@@ -44,7 +44,7 @@ class DeviceResult:
         return float(np.std(self.accuracies, ddof=1)) if len(self.accuracies) > 1 else 0.0
 
     def metrics(self) -> dict[str, float]:
-        """The run's device metrics (the names are the contract the README lists)."""
+        """The run's device metrics (the names are the contract docs/mlflow.md lists)."""
         return {
             "accuracy_device": self.accuracy,
             "accuracy_device_std": self.std,
