@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from resnet8ptq.tracking.models import content_digest
 from resnet8ptq.tracking.search import equals, where
 from resnet8ptq.tracking.store import runs_page
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_filter_values_are_quoted_with_the_quote_they_lack() -> None:
@@ -67,6 +72,37 @@ def test_model_lands_in_its_runs_experiment_with_its_params(tmp_path, monkeypatc
         assert logged.params == {"dtype": "int8"}
         assert [(m.key, m.value) for m in logged.metrics] == [("accuracy", 0.87)]
         assert mlflow.onnx.load_model(uri).graph.name == "tiny"
+    finally:
+        mlflow.set_tracking_uri(None)
+
+
+def test_a_model_logged_in_a_uv_project_states_its_own_requirements(tmp_path, monkeypatch) -> None:
+    """Run from this repository (a uv project), MLflow would copy uv.lock and pyproject.toml into every model
+    and export the project's requirements instead: the package turns that off."""
+    import mlflow
+    import mlflow.pyfunc
+
+    from resnet8ptq.backends.base import MlflowFlavor
+    from resnet8ptq.tracking.models import log_model
+
+    for name in ("uv.lock", "pyproject.toml", ".python-version"):
+        (tmp_path / name).write_text((REPO / name).read_text())
+    monkeypatch.chdir(tmp_path)
+
+    class Identity(mlflow.pyfunc.PythonModel):
+        def predict(self, context, model_input):
+            return model_input
+
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    try:
+        client = mlflow.MlflowClient()
+        run = client.create_run(client.create_experiment("uv"))
+        how = MlflowFlavor(mlflow.pyfunc, {"python_model": Identity()}, ["numpy"])
+        uri = log_model(run.info.run_id, "identity", how, np.zeros((1, 32, 32, 3), np.float32))
+        files = set(os.listdir(mlflow.artifacts.download_artifacts(uri, dst_path=str(tmp_path / "model"))))
+        assert "MLmodel" in files and not files & {"uv.lock", "pyproject.toml", ".python-version"}
+        requirements = (tmp_path / "model" / "requirements.txt").read_text().split()
+        assert requirements[1:] == ["numpy"]
     finally:
         mlflow.set_tracking_uri(None)
 
