@@ -51,9 +51,18 @@ ui: $(PROJECT)  ## MLflow UI for the runs tracked in this directory (mlflow.db +
 	@echo "Runs table: http://$(HOST):$(PORT)/#/experiments?workflowType=machine_learning (then the experiment)"
 	MLFLOW_DISABLE_TELEMETRY=$${MLFLOW_DISABLE_TELEMETRY:-true} $(BIN)/mlflow ui --host $(HOST) --port $(PORT)
 
+# The run explorer (explore/runs.py, docs/explore.md): a marimo app over the tracking store; marimo and plotly
+# are in requirements.lock (and the optional extra `explore`).
+EXPLORE_PORT ?= 2718
+TRACKING_URI ?= $(or $(MLFLOW_TRACKING_URI),sqlite:///mlflow.db)
+.PHONY: explore
+explore: $(PROJECT)  ## run explorer on http://$(HOST):$(EXPLORE_PORT) (TRACKING_URI=..., else MLFLOW_TRACKING_URI)
+	MARIMO_SKIP_UPDATE_CHECK=1 $(BIN)/marimo run explore/runs.py --host $(HOST) --port $(EXPLORE_PORT) \
+	    -- --tracking-uri "$(TRACKING_URI)"
+
 lock:  ## regenerate requirements.lock from pyproject.toml in a scratch venv
 	rm -rf .lock-venv && $(PYTHON) -m venv .lock-venv
-	.lock-venv/bin/pip install --quiet ".[torch,dev]"
+	.lock-venv/bin/pip install --quiet ".[torch,dev,explore]"
 	{ head -2 requirements.lock; .lock-venv/bin/pip freeze --exclude-editable | grep -v '^resnet8ptq'; } > requirements.lock.new
 	mv requirements.lock.new requirements.lock && rm -rf .lock-venv
 
