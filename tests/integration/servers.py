@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -72,21 +73,54 @@ def mlflow_server(
     command = [str(mlflow_cli)] if mlflow_cli.is_file() else [sys.executable, "-m", "mlflow"]
     args = ["server", "--backend-store-uri", backend_store_uri, *extra_args]
     args += ["--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
+    url = f"http://127.0.0.1:{port}"
+    with served([*command, *args], log, f"{url}/health", f"mlflow server on {url}", cwd, env, timeout, grace):
+        yield url
+
+
+def answers(url: str) -> bool:
+    """Whether ``url`` answers HTTP 200 now."""
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return response.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+@contextlib.contextmanager
+def served(
+    command: list[str],
+    log: Path,
+    ready_url: str,
+    what: str,
+    cwd: Path | None = None,
+    env: dict[str, str] | None = None,
+    timeout: float = 120,
+    grace: float = 20,
+) -> Iterator[subprocess.Popen]:
+    """Start ``command`` in its own session, output to ``log``; yield its process once ``ready_url`` answers
+    (fail the test with the log's tail if it exits or does not answer within ``timeout`` seconds); stop its
+    process group on exit."""
     with log.open("w") as out:
         process = subprocess.Popen(
-            [*command, *args], cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            command, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
         )
-    url = f"http://127.0.0.1:{port}"
-
-    def healthy() -> bool:
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
-                return response.status == 200
-        except (urllib.error.URLError, OSError):
-            return False
-
     try:
-        wait_until(healthy, timeout, f"mlflow server on {url}", log, process)
-        yield url
+        wait_until(lambda: answers(ready_url), timeout, what, log, process)
+        yield process
     finally:
         stop(process, grace=grace)
+
+
+CHROMIUM = "/usr/bin/chromium"
+
+
+def chromium_binary() -> str:
+    """Debian's Chromium: skip the test when absent, fail it in CI (`CI` set), which must provide it."""
+    binary = shutil.which("chromium") or (CHROMIUM if Path(CHROMIUM).is_file() else None)
+    if binary is None:
+        message = "headless Chromium not found: install the Debian package `chromium`"
+        if os.environ.get("CI"):
+            pytest.fail(f"{message} (CI must provide it)")
+        pytest.skip(message)
+    return binary

@@ -7,12 +7,8 @@ headless Chromium as test_mlflow_ui.py looks at the MLflow UI: the layer view sh
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 import sys
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,8 +16,8 @@ import pytest
 from mlflow.entities import Run
 
 from tests.integration.conftest import REPO, Sweeps
-from tests.integration.servers import free_port, stop, wait_until
-from tests.integration.test_mlflow_ui import CHROMIUM, Browser
+from tests.integration.servers import chromium_binary, free_port, served
+from tests.integration.test_mlflow_ui import Browser
 
 NOTEBOOK = REPO / "explore" / "runs.py"
 MARIMO = Path(sys.executable).with_name("marimo")
@@ -100,14 +96,7 @@ def test_notebook_runs_headless_with_no_cell_raising(
 
 @pytest.fixture(scope="module")
 def chromium() -> str:
-    """Debian's Chromium: skip when absent (fail in CI, which needs it), as test_mlflow_ui.py does."""
-    binary = shutil.which("chromium") or (CHROMIUM if Path(CHROMIUM).is_file() else None)
-    if binary is None:
-        message = "headless Chromium not found: install the Debian package `chromium`"
-        if os.environ.get("CI"):
-            pytest.fail(f"{message} (CI must provide it)")
-        pytest.skip(message)
-    return binary
+    return chromium_binary()
 
 
 @pytest.fixture(scope="module")
@@ -116,28 +105,10 @@ def app(store: str, marimo_env: dict[str, str], tmp_path_factory: pytest.TempPat
     port = free_port()
     log = tmp_path_factory.mktemp("explorer") / "marimo.log"
     command = [str(MARIMO), "run", str(NOTEBOOK), "--headless", "--host", "127.0.0.1", "--port", str(port)]
-    with log.open("w") as out:
-        process = subprocess.Popen(
-            [*command, "--", "--tracking-uri", store],
-            env=marimo_env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
     url = f"http://127.0.0.1:{port}"
-
-    def answers() -> bool:
-        try:
-            with urllib.request.urlopen(url, timeout=2) as response:
-                return response.status == 200
-        except (urllib.error.URLError, OSError):
-            return False
-
-    try:
-        wait_until(answers, 60, f"marimo run on {url}", log, process)
+    arguments = [*command, "--", "--tracking-uri", store]
+    with served(arguments, log, url, f"marimo run on {url}", env=marimo_env, timeout=60, grace=10):
         yield url
-    finally:
-        stop(process, grace=10)
 
 
 def test_app_shows_each_toolchains_layer(

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import urllib.error
 import urllib.request
@@ -21,7 +20,7 @@ from mlflow.entities import Run
 from resnet8ptq.data import Cifar10, to_model_input
 from resnet8ptq.tracking.store import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG
 from tests.integration.conftest import REGISTERED, TOOLCHAIN_SWEEP, Sweeps
-from tests.integration.servers import free_port, stop, wait_until
+from tests.integration.servers import free_port, served
 
 
 @pytest.fixture(scope="module")
@@ -92,26 +91,9 @@ def test_onnx_model_serves_over_http(sweeps: Sweeps, test_images, tmp_path: Path
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",  # it runs uvicorn
     }
     command = [sys.executable, "-m", "mlflow", "models", "serve", "-m", uri, "--env-manager", "local"]
-    with log.open("w") as out:
-        server = subprocess.Popen(
-            [*command, "-h", "127.0.0.1", "-p", str(port)],
-            cwd=sweeps.workdir,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
     url = f"http://127.0.0.1:{port}"
-
-    def ready() -> bool:
-        try:
-            with urllib.request.urlopen(f"{url}/ping", timeout=2) as response:
-                return response.status == 200
-        except (urllib.error.URLError, OSError):
-            return False
-
-    try:
-        wait_until(ready, 120, f"mlflow models serve on {url}", log, server)
+    arguments = [*command, "-h", "127.0.0.1", "-p", str(port)]
+    with served(arguments, log, f"{url}/ping", f"mlflow models serve on {url}", sweeps.workdir, env):
         images = test_images[0][:8]
         request = urllib.request.Request(
             f"{url}/invocations",
@@ -119,12 +101,10 @@ def test_onnx_model_serves_over_http(sweeps: Sweeps, test_images, tmp_path: Path
             headers={"Content-Type": "application/json"},
         )
         with urllib.request.urlopen(request, timeout=60) as response:
-            served = probabilities(json.loads(response.read())["predictions"])
-    finally:
-        stop(server)
+            answered = probabilities(json.loads(response.read())["predictions"])
     mlflow.set_tracking_uri(env["MLFLOW_TRACKING_URI"])
     local = probabilities(mlflow.pyfunc.load_model(uri).predict(images))
-    np.testing.assert_allclose(served, local, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(answered, local, rtol=1e-5, atol=1e-6)
 
 
 def test_datasets_are_run_inputs(sweeps: Sweeps) -> None:

@@ -10,8 +10,6 @@ import asyncio
 import base64
 import contextlib
 import json
-import os
-import shutil
 import subprocess
 import time
 from collections.abc import Iterator
@@ -25,9 +23,8 @@ from mlflow.entities import Run, RunTag
 from mlflow.tracking import MlflowClient
 
 from resnet8ptq.tracking.store import runs_page
-from tests.integration.servers import mlflow_server, stop
+from tests.integration.servers import chromium_binary, mlflow_server, stop
 
-CHROMIUM = "/usr/bin/chromium"
 VIEWPORT = (1920, 1000)
 SWEEP = ("-m", "backend=onnx", "dtype=int8,uint8", "report.enabled=false")
 FAILED = "onnx-uint8-int8-entropy-pt"  # added by hand: a failed run as the pipeline leaves one
@@ -35,14 +32,8 @@ FAILED = "onnx-uint8-int8-entropy-pt"  # added by hand: a failed run as the pipe
 
 @pytest.fixture(scope="module", autouse=True)
 def chromium() -> str:
-    """Debian's Chromium, checked before anything starts: skip when absent (fail in CI, which needs it)."""
-    binary = shutil.which("chromium") or (CHROMIUM if Path(CHROMIUM).is_file() else None)
-    if binary is None:
-        message = "headless Chromium not found: install the Debian package `chromium`"
-        if os.environ.get("CI"):
-            pytest.fail(f"{message} (CI must provide it)")
-        pytest.skip(message)
-    return binary
+    """Debian's Chromium, checked before anything starts."""
+    return chromium_binary()
 
 
 class Browser:
