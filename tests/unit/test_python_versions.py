@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -84,3 +85,17 @@ def test_find_python_says_what_to_install(args, env, message) -> None:
     assert message in found.stderr
     if "PYTHON=" not in message:
         assert "pyenv install 3.9999" in found.stderr and "make setup PYTHON=" in found.stderr
+
+
+@pytest.mark.skipif(shutil.which("uv") is None, reason="uv not on PATH (CI puts it there)")
+def test_uv_lock_is_up_to_date_with_pyproject() -> None:
+    """`uv lock --check`: uv.lock is what pyproject.toml (dependencies and the pins) resolves to."""
+    checked = subprocess.run(
+        ["uv", "lock", "--check"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "UV_PYTHON_DOWNLOADS": "never", "UV_OFFLINE": "1"},
+        timeout=120,
+    )
+    assert checked.returncode == 0, checked.stderr[-2000:]
