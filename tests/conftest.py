@@ -12,11 +12,23 @@ REPO = Path(__file__).resolve().parents[1]
 INTEGRATION = Path(__file__).resolve().parent / "integration"
 
 
+SHARED_SWEEP = "sweeps"
+"""The session fixture of the three-toolchain sweep (tests/integration/conftest.py): the modules that use it
+run in one worker, so it runs once."""
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark every test under tests/integration ``integration`` (`pytest -m "not integration"` skips them)."""
+    """Mark every test under tests/integration ``integration`` (`pytest -m "not integration"` skips them), and
+    put each module in one ``xdist_group`` for `pytest -n auto --dist loadgroup` (`make test`): a module's
+    fixtures are built once, in one worker; the modules that use the shared sweep form one group."""
+    sharing = {Path(item.fspath) for item in items if SHARED_SWEEP in getattr(item, "fixturenames", ())}
     for item in items:
-        if INTEGRATION in Path(item.fspath).parents:
+        module = Path(item.fspath)
+        if INTEGRATION in module.parents:
             item.add_marker(pytest.mark.integration)
+        group = SHARED_SWEEP if module in sharing else str(module.relative_to(REPO))
+        item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture(autouse=True)
