@@ -107,7 +107,7 @@ def app(store: str, marimo_env: dict[str, str], tmp_path_factory: pytest.TempPat
     command = [str(MARIMO), "run", str(NOTEBOOK), "--headless", "--host", "127.0.0.1", "--port", str(port)]
     url = f"http://127.0.0.1:{port}"
     arguments = [*command, "--", "--tracking-uri", store]
-    with served(arguments, log, url, f"marimo run on {url}", env=marimo_env, timeout=60, grace=10):
+    with served(arguments, log, url, f"marimo run on {url}", env=marimo_env, timeout=180, grace=10):
         yield url
 
 

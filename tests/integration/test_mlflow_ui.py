@@ -112,7 +112,7 @@ class Browser:
             raise RuntimeError(f"{expression}: {result['exceptionDetails']}")
         return result["result"].get("value")
 
-    def wait_for(self, expression: str, timeout: float = 60, what: str = "") -> Any:
+    def wait_for(self, expression: str, timeout: float = 120, what: str = "") -> Any:
         """Poll a JavaScript expression until it is truthy; its value."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -176,7 +176,7 @@ def store(run_cli, tmp_path_factory: pytest.TempPathFactory) -> Store:
 @pytest.fixture(scope="module")
 def server(store: Store, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """`mlflow server` on 127.0.0.1 with a free port, serving the store; its base URL once /health answers."""
-    with mlflow_server(store.uri, tmp_path_factory.mktemp("ui-server") / "server.log", timeout=90) as url:
+    with mlflow_server(store.uri, tmp_path_factory.mktemp("ui-server") / "server.log", timeout=180) as url:
         yield url
 
 

@@ -147,7 +147,7 @@ def postgres() -> Iterator[Postgres]:
                 return False
             return True
 
-        wait_until(accepting, 60, "PostgreSQL", log, process)
+        wait_until(accepting, 120, "PostgreSQL", log, process)
         connection = psycopg2.connect(host="127.0.0.1", port=port, user="postgres", dbname="postgres")
         connection.autocommit = True
         with connection.cursor() as cursor:
