@@ -34,7 +34,7 @@ grid: $(PROJECT)  ## every configuration of the three toolchains (38 runs; tflit
 	$(BIN)/python run.py -m backend=onnx,torch,tflite dtype=int8,uint8,u8s8 calib=minmax,entropy,percentile per_channel=false,true
 
 test: $(PROJECT)  ## the whole test suite (needs CIFAR-10 + model: RESNET8PTQ_ASSETS, default ../shared)
-	$(BIN)/python -m pytest  # `pytest -n auto --dist loadgroup` runs it on every core: see docs/development.md
+	$(BIN)/python -m pytest -n auto --dist loadgroup  # every core; a module stays in one worker (tests/conftest.py)
 
 test-fast: $(PROJECT)  ## the unit tier only: no data, no model, no subprocess (about 30 s)
 	$(BIN)/python -m pytest tests/unit

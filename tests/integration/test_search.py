@@ -111,9 +111,15 @@ def test_a_repeated_search_reuses_its_trials(optuna_search, run_cli, workdir: Pa
     assert yaml.safe_load(Path(second.data.tags["sweep_dir"], "optimization_results.yaml").read_text()) == old
 
 
-def test_onnx_mixed_precision_reaches_the_target_step_by_step(run_cli, workdir: Path) -> None:
+@pytest.fixture(scope="module")
+def onnx_target(run_cli, workdir: Path) -> list[Run]:
+    """The ONNX mixed-precision search to a 0.1-point drop; its runs."""
     ok(run_cli(workdir / "onnx", *ONNX_TARGET))
-    runs = runs_of(workdir / "onnx")
+    return runs_of(workdir / "onnx")
+
+
+def test_onnx_mixed_precision_reaches_the_target_step_by_step(onnx_target: list[Run], workdir: Path) -> None:
+    runs = onnx_target
     (parent,) = parents(runs)
     steps = sorted(
         (r for r in children(runs, parent) if r.data.tags["quantized"] == "true"),
@@ -141,9 +147,9 @@ def test_onnx_mixed_precision_reaches_the_target_step_by_step(run_cli, workdir: 
     assert steps[2].data.tags["dtype.weight"] == "int16"  # the narrowest weight: every one is raised
 
 
-def test_an_unreachable_target_stops_with_its_reason(run_cli, workdir: Path) -> None:
-    """Drop 0 within one step from the steps of the test above: both are reused, the search stops."""
-    before = runs_of(workdir / "onnx")
+def test_an_unreachable_target_stops_with_its_reason(onnx_target: list[Run], run_cli, workdir: Path) -> None:
+    """Drop 0 within one step from the steps of the search above: both are reused, the search stops."""
+    before = onnx_target
     result = run_cli(workdir / "onnx", *ONNX_TARGET[:3], "target.max_drop_points=0", "target.max_steps=1",
                      "target.layers_per_step=12")  # fmt: skip
     assert result.returncode == 1
