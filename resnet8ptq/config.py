@@ -23,6 +23,7 @@ from resnet8ptq.device.config import DeviceConfig
 from resnet8ptq.dtype import DtypeConfig
 from resnet8ptq.errors import ConfigError
 from resnet8ptq.fetch import ASSETS_ENV
+from resnet8ptq.mcu.config import McuConfig
 from resnet8ptq.model import MODEL_SHA256
 from resnet8ptq.search.objectives import SearchConfig
 from resnet8ptq.search.target import TargetConfig
@@ -87,6 +88,7 @@ class Config:
     report: ReportConfig = field(default_factory=ReportConfig)
     search: SearchConfig = field(default_factory=SearchConfig)  # what a search returns (objectives)
     target: TargetConfig = field(default_factory=TargetConfig)  # mixed precision to an accuracy drop
+    mcu: McuConfig = field(default_factory=McuConfig)  # TFLite Micro, boards, NPU estimate (TFLite models)
 
 
 def register_backend_schemas() -> None:

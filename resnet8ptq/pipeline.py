@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import functools
+import importlib.metadata
+import json
 import logging
 import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
@@ -34,9 +37,10 @@ from resnet8ptq.data import (
 )
 from resnet8ptq.device.config import DeviceConfig
 from resnet8ptq.errors import ConfigError, ModelError
-from resnet8ptq.evaluate import Baseline, evaluate_baseline
+from resnet8ptq.evaluate import Baseline, Evaluation, evaluate_baseline
 from resnet8ptq.execution import evaluate_quantized
 from resnet8ptq.layers import check_raised, expected_raised, raised_in, sharing
+from resnet8ptq.mcu.config import McuConfig, mcu_settings
 from resnet8ptq.mlperf import perf_subset_indices
 from resnet8ptq.model import CanonicalModel, canonical_onnx, conversion_key, resolve_h5
 from resnet8ptq.records import ModelRecord, Quantization, RunContext
@@ -45,6 +49,9 @@ from resnet8ptq.tracking.identity import config_hash, git_commit, run_params
 from resnet8ptq.tracking.models import content_digest, numpy_dataset
 from resnet8ptq.tracking.runs import child_run, first_in_sweep, set_tags, skip_finished
 from resnet8ptq.tracking.store import configure
+
+if TYPE_CHECKING:  # TFLM and Vela load only for TFLite models
+    from resnet8ptq.mcu.evaluate import McuResult
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +65,7 @@ def run(cfg: DictConfig, output_dir: Path, extra_tags: Mapping[str, str] | None 
     spec = quant_spec(cfg)  # invalid settings fail here, before any work
     algo: AlgoConfig = OmegaConf.to_object(cfg.algo)  # validated by quant_spec
     device: DeviceConfig = OmegaConf.to_object(cfg.device)  # validated by quant_spec
+    mcu = mcu_settings(cfg.mcu)
     experiment_id = configure(cfg.mlflow)
     backend = make_backend(cfg)
     params = run_params(cfg)
@@ -115,7 +123,7 @@ def run(cfg: DictConfig, output_dir: Path, extra_tags: Mapping[str, str] | None 
         fp32_record = model_record(cfg, backend, baseline.model.path, test_images, inputs.fp32)
         record = RunContext(experiment_id, params, tags | context, baseline, perf_subset, output_dir)
         records.log_baseline_once(record, backend.NAME, fp32_record)
-        log_published_once(cfg, record, backend, data)
+        log_published_once(cfg, record, backend, data, mcu)
 
         # 3-4. PTQ algorithms on the FP32 model (`algo`), quantize, and evaluate on the full test set: the
         #      reference semantics, and the runtime form on this CPU. Device runs of one quantization (a
@@ -191,13 +199,21 @@ def run(cfg: DictConfig, output_dir: Path, extra_tags: Mapping[str, str] | None 
                 device_result.differing_from_reference,
             )
 
-        # 6. Log.
+        # 6. The microcontroller (`mcu`; TFLite models): every test image in TFLite Micro against the
+        #    reference kernels, the tensor arena and flash, the boards it fits, Vela's NPU estimate.
+        mcu_result = on_mcu(
+            cfg, mcu, backend, quantized.path, test_images, result.reference, perf_subset, run_name
+        )
+
+        # 7. Log.
         model = model_record(cfg, backend, quantized.path, test_images, inputs.quantized)
         records.log_quantized(record, run_id, run_name, cfg, made, evaluation, model)
         if device_result is not None:
             records.log_device(
                 record, run_id, device_result, integer, test_images, result.reference.predictions
             )
+        if mcu_result is not None:
+            records.log_mcu(run_id, mcu_result, output_dir)
     return run_id
 
 
@@ -307,7 +323,8 @@ def _causes(err: BaseException) -> list[BaseException]:
 
 def result_identity(cfg: DictConfig, backend: Backend) -> dict[str, str]:
     """Besides the settings, what decides a run's result (part of its config_hash): the canonical model (the
-    .h5's actual sha256 with the converter versions) and the backend's library versions.
+    .h5's actual sha256 with the converter versions), the backend's library versions, and for TFLite models
+    the microcontroller path's settings.
 
     Determined before the run, best effort: what cannot be determined yet is "unknown" (the run then fails
     with the reason; it is never skipped).
@@ -318,7 +335,17 @@ def result_identity(cfg: DictConfig, backend: Backend) -> dict[str, str]:
     except ModelError:
         model = "unknown"
     versions = {f"version.{lib}": version for lib, version in backend.versions().items()}
-    return {"model": model, **versions}
+    return {"model": model, **versions, **mcu_identity(cfg, backend)}
+
+
+def mcu_identity(cfg: DictConfig, backend: Backend) -> dict[str, str]:
+    """What the microcontroller path adds to a TFLite run's result (its settings, the boards, the TFLM and
+    Vela versions): a run made without it, or with other boards, is not reused. Nothing for other backends."""
+    if not (backend.MCU and cfg.mcu.enabled):
+        return {}
+    settings = OmegaConf.to_container(cfg.mcu, resolve=True)
+    versions = {package: importlib.metadata.version(package) for package in ("tflite-micro", "ethos-u-vela")}
+    return {"mcu": json.dumps({**settings, **versions}, sort_keys=True)}
 
 
 def threads_per_run(cfg: DictConfig) -> int | None:
@@ -374,9 +401,12 @@ def source_path(backend: Backend, canonical: CanonicalModel, onnx_path: Path) ->
     return canonical.h5_path if backend.SOURCE == KERAS_SOURCE else onnx_path
 
 
-def log_published_once(cfg: DictConfig, record: RunContext, backend: Backend, data: Cifar10) -> None:
+def log_published_once(
+    cfg: DictConfig, record: RunContext, backend: Backend, data: Cifar10, mcu: McuConfig
+) -> None:
     """Evaluate each quantized model published for the backend's format (:meth:`Backend.published_models`)
-    on the test set like the backend's own, and log it as a run of its own, once per sweep."""
+    on the test set like the backend's own (on the microcontroller path too), and log it as a run of its own,
+    once per sweep."""
     test_images, test_labels = test_set(data)
     inputs = run_inputs(data, cfg.data.calib_per_class, cfg.data.seed)
     for name, published in backend.published_models(Path(cfg.cache_dir)).items():
@@ -386,7 +416,43 @@ def log_published_once(cfg: DictConfig, record: RunContext, backend: Backend, da
             tolerance = cfg.native_tolerance_points
             result = evaluate_quantized(published, test_images, test_labels, f"{name} (published)", tolerance)
             model = model_record(cfg, backend, published.path, test_images, inputs.fp32)
-            records.log_published(record, name, published, result, model)
+            on_mcu_result = on_mcu(
+                cfg, mcu, backend, published.path, test_images, result.reference, record.perf_subset, name
+            )
+            records.log_published(record, name, published, result, model, on_mcu_result)
+
+
+def on_mcu(
+    cfg: DictConfig,
+    mcu: McuConfig,
+    backend: Backend,
+    path: Path,
+    test_images: np.ndarray,
+    reference: Evaluation,
+    perf_subset: np.ndarray,
+    name: str,
+) -> McuResult | None:
+    """The model at ``path`` on the microcontroller path, compared with its ``reference`` evaluation on
+    ``test_images`` (LiteRT's reference kernels); None unless the backend's models run in TFLite Micro and
+    ``mcu.enabled``."""
+    if not (mcu.enabled and backend.MCU):
+        return None
+    from resnet8ptq.mcu.evaluate import evaluate_mcu  # TFLM and Vela: only for TFLite models
+
+    result = evaluate_mcu(
+        path, mcu, test_images, reference.labels, reference.probabilities, perf_subset, Path(cfg.cache_dir),
+        cfg.threads, f"{name}: TFLite Micro",
+    )  # fmt: skip
+    log.info(
+        "%s: TFLite Micro accuracy %.4f; %s; arena %d bytes, flash %d bytes; fits %s",
+        name,
+        result.accuracy,
+        result.comparison(),
+        result.arena.recorded,
+        result.flash_bytes,
+        ", ".join(fit.name for fit in result.fits if fit.fits) or "no board",
+    )
+    return result
 
 
 def fp32_model(path: str | None, sha256: str | None, cache_dir: Path) -> CanonicalModel:

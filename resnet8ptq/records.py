@@ -35,6 +35,7 @@ from resnet8ptq.tracking.runs import child_run, first_in_sweep, log_artifacts, l
 if TYPE_CHECKING:  # the device modules import torch: only device runs load them
     from resnet8ptq.device.evaluate import DeviceResult
     from resnet8ptq.device.graph import IntegerModel
+    from resnet8ptq.mcu.evaluate import McuResult
 
 QUANTIZATION_SETTINGS = (
     "dtype",
@@ -247,7 +248,12 @@ def read_back_tags(quantized: QuantizedModel, result: QuantizedResult) -> dict[s
 
 
 def log_published(
-    context: RunContext, name: str, published: QuantizedModel, result: QuantizedResult, model: ModelRecord
+    context: RunContext,
+    name: str,
+    published: QuantizedModel,
+    result: QuantizedResult,
+    model: ModelRecord,
+    mcu: McuResult | None = None,
 ) -> None:
     """Log a published quantized model (``name``: its publisher, e.g. ``mlperf``) as a run of its own (tags
     ``reference=<name>``, quantized=true), evaluated like the backend's models; Δ against the backend's FP32.
@@ -265,6 +271,8 @@ def log_published(
         files = evaluation_files(result.reference, evaluation_dir, run_name, context.baseline.evaluation)
         model.log(run_id, run_name)  # while the charts are drawn
         log_artifacts(run_id, [*files, ("model", published.path)])
+        if mcu is not None:
+            log_mcu(run_id, mcu, evaluation_dir)
 
 
 def log_device(
@@ -310,3 +318,26 @@ def log_device(
     worst = {"device.worst_layer": result.worst_layer} if result.layer_sqnr else {}
     set_tags(run_id, {"device.source": model.source, **worst})
     log_artifacts(run_id, [("device", path) for path in files])
+
+
+def log_mcu(run_id: str, result: McuResult, output_dir: Path) -> None:
+    """A TFLite model's microcontroller path (`mcu`): TFLM's accuracy and its comparison with LiteRT's
+    reference kernels, the arena, flash, board fits and NPU estimate; artifacts ``mcu/``: the allocator's
+    report, the planned tensors (largest first) and every test image's label with both predictions."""
+    import pandas as pd
+
+    from resnet8ptq.mcu.evaluate import planned_table
+
+    out_dir = output_dir / "mcu"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    report = out_dir / "arena_report.txt"
+    report.write_text(result.arena.report + "\n")
+    tensors = out_dir / "arena_tensors.csv"
+    pd.DataFrame(planned_table(result.planned)).to_csv(tensors, index=False)
+    predictions = out_dir / "predictions.csv"
+    pd.DataFrame(
+        {"label": result.labels, "reference": result.reference_predictions, "tflm": result.predictions}
+    ).to_csv(predictions, index_label="image")
+    log_metrics(run_id, result.metrics())
+    set_tags(run_id, result.tags())
+    log_artifacts(run_id, [("mcu", path) for path in (report, tensors, predictions)])

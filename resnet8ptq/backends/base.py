@@ -105,6 +105,8 @@ class Backend(ABC):
     """A quantization library, instantiated from its config (``_target_``) with the run's thread count."""
 
     NAME: ClassVar[str]
+    MCU: ClassVar[bool] = False
+    """Whether its saved models are .tflite files that TensorFlow Lite Micro runs (the `mcu` evaluation)."""
     SOURCE: ClassVar[str] = ONNX_SOURCE
     """The FP32 file ``load_fp32`` and ``quantize`` take: the canonical ONNX model (``"onnx"``; the `algo`
     steps transform it, so the backend inherits them) or the Keras .h5 it is converted from (``"keras"``, for

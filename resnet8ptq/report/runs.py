@@ -60,6 +60,7 @@ EMPTY_COLUMNS = [
     "base_hash",
     "reference",
     "device",
+    "mcu_fits",
 ]  # fmt: skip  (the columns runs_frame gives every run)
 
 
@@ -82,6 +83,12 @@ METRIC_COLUMNS = (
     "latency_ms_b1",
     "sqnr_activation_min_db",
     "sqnr_weight_min_db",
+    "accuracy_mcu",
+    "mcu_differing_predictions",
+    "mcu_arena_bytes",
+    "mcu_flash_bytes",
+    "npu_cycles",
+    "npu_inference_ms",
     *(f"{CLASS_METRIC}{name}" for name in CLASS_NAMES),
 )
 
@@ -142,6 +149,7 @@ def runs_frame(runs: Iterable[Run]) -> pd.DataFrame:
                 "raised": raised,
                 "raised_count": len([name for name in raised.split(",") if name]),
                 "base_hash": tags.get("mixed_precision.base_hash", ""),
+                "mcu_fits": tags.get("mcu.fits", ""),
                 **device_columns(tags),
                 **metrics,
             }

@@ -19,6 +19,7 @@ from resnet8ptq.errors import ReportError
 from resnet8ptq.records import REFERENCE_TAG
 from resnet8ptq.report.analysis import hardware_lines
 from resnet8ptq.report.device import device_section
+from resnet8ptq.report.mcu import deployability_section
 from resnet8ptq.report.published import published_section
 from resnet8ptq.report.render import to_html
 from resnet8ptq.report.runs import comparison_table, configured, latest_per_config, runs_frame
@@ -77,6 +78,7 @@ def markdown(report: Report) -> str:
     if report.has_results:
         parts += significance_section(table)
         parts += accuracy_map_section(report) + algorithm_section(table) + device_section(report)
+        parts += deployability_section(report)
         parts += per_class_section(report)
         parts += layer_error_section(table) + tradeoff_section(report)
     parts.append(f"## Failed runs ({len(report.failed)})")

@@ -110,6 +110,7 @@ class Sweeps:
     second: Run  # the same command again: every configuration reused
     children: list[Run]  # the first sweep's runs
     first_log: str
+    second_log: str
 
 
 @pytest.fixture(scope="session")
@@ -117,9 +118,9 @@ def sweeps(run_cli, initialised_store: Path, tmp_path_factory: pytest.TempPathFa
     """`run.py` + TOOLCHAIN_SWEEP (registering its most accurate model), then the same command again."""
     workdir = tmp_path_factory.mktemp("toolchains")
     shutil.copy(initialised_store, workdir / "mlflow.db")
-    first = run_cli(workdir, *TOOLCHAIN_SWEEP, f"mlflow.register_as={REGISTERED}")
+    first = run_cli(workdir, *TOOLCHAIN_SWEEP, f"mlflow.register_as={REGISTERED}", timeout=1800)
     assert first.returncode == 0, first.stderr[-3000:]
-    second = run_cli(workdir, *TOOLCHAIN_SWEEP)
+    second = run_cli(workdir, *TOOLCHAIN_SWEEP, timeout=1800)
     assert second.returncode == 0, second.stderr[-3000:]
     client = MlflowClient(f"sqlite:///{workdir / 'mlflow.db'}")
     experiment = client.get_experiment_by_name("resnet8ptq")
@@ -130,4 +131,6 @@ def sweeps(run_cli, initialised_store: Path, tmp_path_factory: pytest.TempPathFa
     children = client.search_runs(
         [experiment.experiment_id], f"tags.mlflow.parentRunId = '{parents[0].info.run_id}'"
     )
-    return Sweeps(workdir, client, *parents, children, first.stdout + first.stderr)
+    return Sweeps(
+        workdir, client, *parents, children, first.stdout + first.stderr, second.stdout + second.stderr
+    )

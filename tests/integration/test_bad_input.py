@@ -68,6 +68,7 @@ def listing(directory: Path) -> dict[str, int]:
     [
         ("backend=tensorrt", "Could not find 'backend/tensorrt'"),
         ("per_channel=maybe", "Value 'maybe' is not a valid bool"),
+        ("mcu/boards=[pico,esp32]", "Could not load 'mcu/boards/esp32'"),  # no such board
     ],
 )
 def test_bad_setting_fails_before_anything_starts(
@@ -118,6 +119,21 @@ def test_bad_value_fails_before_the_run(
 ) -> None:
     """A value of the right type that is not allowed: no quantized run; the sweep run holds the error."""
     result = run_cli(workdir, *overrides)
+    (parent,) = failed_cleanly(result, workdir, message)
+    assert parent.info.status == "FAILED" and parent.data.tags["error"].startswith(message)
+
+
+def test_a_board_without_its_ram_fails_before_the_run(run_cli, workdir: Path, tmp_path_factory) -> None:
+    """A board a user adds in their own config directory (hydra.searchpath), without its RAM figure."""
+    user_conf = tmp_path_factory.mktemp("user-conf")
+    (user_conf / "mcu" / "boards").mkdir(parents=True)
+    (user_conf / "mcu" / "boards" / "mine.yaml").write_text(
+        "mine:\n  core: Cortex-M33\n  clock_mhz: 100\n  flash_kib: 512\n"
+    )
+    result = run_cli(
+        workdir, "backend=tflite", f"hydra.searchpath=[file://{user_conf}]", "mcu/boards=[pico,mine]"
+    )
+    message = "ConfigError: mcu.boards.mine has no ram_kib: a board needs its core, clock_mhz, ram_kib"
     (parent,) = failed_cleanly(result, workdir, message)
     assert parent.info.status == "FAILED" and parent.data.tags["error"].startswith(message)
 

@@ -99,6 +99,16 @@ def _metrics(name: str, accuracy: float, size: int, throughput: float) -> dict[s
     }
 
 
+MCU_P = {  # the published model on the microcontroller path
+    "accuracy_mcu": 0.8709,
+    "mcu_differing_predictions": 1,
+    "mcu_arena_bytes": 55_984,
+    "mcu_flash_bytes": 98_496,
+    "npu_cycles": 201_747,
+    "npu_inference_ms": 0.403494,
+}
+
+
 def build_store(root: Path) -> Store:
     """Two sweeps (an old one with a rerun of A) and an empty one, in a fresh sqlite store under root."""
     uri = f"sqlite:///{root / 'mlflow.db'}"
@@ -161,6 +171,8 @@ def build_store(root: Path) -> Store:
     tags = AVX2.tags() | {"backend": backend, "reference": "mlperf", "execution": "native"}
     tags |= {"dtype.activation": activation, "dtype.weight": weight}
     metrics = _metrics("P", accuracy, size, throughput) | {"accuracy_delta": accuracy - FP32[backend][0]}
+    metrics |= MCU_P
+    tags["mcu.fits"] = "nucleo_l4r5zi,pico"
     # Its params keep the sweep's data.* (calibration seed included), like a real published run's.
     _log(client, run_id, metrics, {"backend": backend, "data.seed": "42"}, tags, "FINISHED")
     runs["P"] = run_id
@@ -275,6 +287,25 @@ def test_published_model_beside_the_int8_configurations(written: Path) -> None:
         f"| {LABELS['A']} | 86.50 | -0.60 | 87.5 | -0.6 | — | — | native |",
         f"| {LABELS['D']} | 86.80 | -0.30 | 87.8 | -0.3 | — | — | simulated |",
     ]
+
+
+def test_deployability_lists_every_model_and_says_which_have_no_mcu_path(written: Path) -> None:
+    """The published .tflite with its TFLM accuracy, flash, arena, boards and NPU estimate; each ONNX Runtime
+    and PyTorch configuration named with the reason it has no MCU path, no blank cell."""
+    section = (written / "report.md").read_text().split("## Deployability")[1].split("\n## ")[0]
+    rows = [line for line in section.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    published = (
+        "| mlperf int8 (published) | 87.10 | 87.09 | 1 | 96.2 | 54.7 "
+        "| nucleo_l4r5zi, pico | 201,747 (0.40 ms) |"
+    )
+    assert published in rows
+    no_path = [row for row in rows if "no MCU path" in row]
+    assert len(no_path) == len(rows) - 1 == len(QUANTIZED)
+    assert all("| - | - | - | - | - |" in row for row in no_path)
+    assert any("an ONNX Runtime model" in row for row in no_path) and any(
+        "a PyTorch program" in row for row in no_path
+    )
+    assert "report_accuracy_vs_arena.png" not in section  # one model on the MCU path: no plot
 
 
 def test_recommendations_in_report(written: Path) -> None:

@@ -119,6 +119,7 @@ class TFLiteBackend(Backend):
     """
 
     NAME = "tflite"
+    MCU = True
     SOURCE = KERAS_SOURCE
 
     def __init__(
