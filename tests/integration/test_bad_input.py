@@ -280,7 +280,8 @@ def test_two_sweeps_on_one_store_at_once(run_cli, tmp_path: Path) -> None:
     """Both start on a fresh SQLite store (MLflow creates its tables without a lock) and write together."""
 
     def sweep(dtype: str) -> subprocess.CompletedProcess:
-        return run_cli(tmp_path, "-m", "backend=onnx", f"dtype={dtype}", "report.enabled=false")
+        lean = ("report.enabled=false", "layer_analysis=false", "mlflow.log_models=false")
+        return run_cli(tmp_path, "-m", "backend=onnx", f"dtype={dtype}", *lean)
 
     with ThreadPoolExecutor(2) as pool:
         results = list(pool.map(sweep, ["int8", "uint8"]))

@@ -63,6 +63,8 @@ def test_joblib_parallel_sweep_loses_no_run(run_cli, tmp_path: Path) -> None:
         "dtype=int8,u8s8",
         "calib=minmax,percentile",
         "report.enabled=false",
+        "layer_analysis=false",
+        "mlflow.log_models=false",
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "database is locked" not in result.stderr
@@ -74,7 +76,10 @@ def test_joblib_parallel_sweep_loses_no_run(run_cli, tmp_path: Path) -> None:
 
 def test_submitit_local_sweep(run_cli, tmp_path: Path) -> None:
     """2 configurations as submitit jobs (subprocesses that inherit the environment: the parent run id)."""
-    result = run_cli(tmp_path, "-m", "hydra/launcher=submitit_local", "backend=onnx", "dtype=int8,uint8")
+    lean = ("layer_analysis=false", "mlflow.log_models=false", "report.enabled=false")
+    result = run_cli(
+        tmp_path, "-m", "hydra/launcher=submitit_local", "backend=onnx", "dtype=int8,uint8", *lean
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     check_sweep(runs_in(tmp_path), quantized=2)
     # Each job ran through submitit: its pickled result lies in the sweep's .submitit folder.

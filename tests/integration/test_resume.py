@@ -25,7 +25,14 @@ from resnet8ptq.tracking.stale import _process_alive, close_stale_runs
 from resnet8ptq.tracking.store import store_lock
 
 REPO = Path(__file__).resolve().parents[2]
-SWEEP = ("-m", "backend=onnx", "dtype=int8,uint8", "report.enabled=false")
+SWEEP = (
+    "-m",
+    "backend=onnx",
+    "dtype=int8,uint8",
+    "report.enabled=false",
+    "layer_analysis=false",
+    "mlflow.log_models=false",
+)  # lean: not tested
 
 
 def store(workdir: Path) -> tuple[MlflowClient, str]:
