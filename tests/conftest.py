@@ -17,8 +17,8 @@ SHARED_SWEEP = "sweeps"
 run in one worker, so it runs once."""
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+@pytest.hookimpl(wrapper=True)  # before every other implementation: pytest-xdist's reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]):
     """Mark every test under tests/integration ``integration`` (`pytest -m "not integration"` skips them), and
     put each module in one ``xdist_group`` for `pytest -n auto --dist loadgroup` (`make test`): a module's
     fixtures are built once, in one worker; the modules that use the shared sweep form one group."""
@@ -29,6 +29,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.integration)
         group = SHARED_SWEEP if module in sharing else str(module.relative_to(REPO))
         item.add_marker(pytest.mark.xdist_group(group))
+    return (yield)
 
 
 @pytest.fixture(autouse=True)

@@ -65,8 +65,9 @@ def tradeoff_png(
     ax.scatter(on_front[x], on_front["accuracy_pct"], s=330, facecolors="none", edgecolors="red", zorder=4)
     handles = [Line2D([], [], color=c, marker="o", linestyle="", label=b) for b, c in colors.items()]
     handles += [
-        Line2D([], [], color="0.4", marker=markers[d], linestyle="", label=d) for d in sorted(markers)
-    ]
+        Line2D([], [], color="0.4", marker=markers[d], linestyle="", label=d)
+        for d in sorted(set(table["dtype"]))
+    ]  # the dtypes plotted
     handles.append(
         Line2D(
             [], [], color="0.3", marker="o", markerfacecolor="none", markeredgecolor="red", linestyle="--",
