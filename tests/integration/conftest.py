@@ -110,7 +110,6 @@ class Sweeps:
     second: Run  # the same command again: every configuration reused
     children: list[Run]  # the first sweep's runs
     first_log: str
-    second_log: str
 
 
 @pytest.fixture(scope="session")
@@ -131,6 +130,4 @@ def sweeps(run_cli, initialised_store: Path, tmp_path_factory: pytest.TempPathFa
     children = client.search_runs(
         [experiment.experiment_id], f"tags.mlflow.parentRunId = '{parents[0].info.run_id}'"
     )
-    return Sweeps(
-        workdir, client, *parents, children, first.stdout + first.stderr, second.stdout + second.stderr
-    )
+    return Sweeps(workdir, client, *parents, children, first.stdout + first.stderr)

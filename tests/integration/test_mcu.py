@@ -1,7 +1,7 @@
 """The microcontroller path (`mcu`) of the shared three-toolchain sweep: the TFLite run and MLPerf Tiny's own
 model in TensorFlow Lite Micro on all 10,000 test images, compared with LiteRT's reference kernels; the arena
 (the allocator's report against the smallest arena that runs), flash, the board fits and Vela's estimate;
-none of it for ONNX Runtime and PyTorch runs; the repeated sweep reading TFLM's outputs from its cache."""
+none of it for ONNX Runtime and PyTorch runs; TFLM's outputs read back from the cache by the model's bytes."""
 
 from __future__ import annotations
 
@@ -17,6 +17,8 @@ from resnet8ptq.backends.tflite.flatbuffer import read
 from resnet8ptq.backends.tflite.litert_runner import quantize
 from resnet8ptq.data import Cifar10, to_model_input
 from resnet8ptq.device.fixed_point import ROUNDINGS, quantize_multiplier
+from resnet8ptq.mcu import tflm
+from resnet8ptq.mcu.evaluate import cached_outputs
 from tests.integration.conftest import Sweeps
 
 DIFFERING_PREDICTIONS = 10  # of 10,000: TFLM's kernels may round some ops differently (docs/mcu.md)
@@ -102,11 +104,18 @@ def test_tflm_predictions_are_the_reference_kernels(
     assert (mcu["reference"] == reference["reference"]).all()
 
 
-def test_a_repeated_sweep_reads_tflm_outputs_from_the_cache(sweeps: Sweeps) -> None:
-    """The second sweep reuses the TFLite run (same config_hash) and evaluates MLPerf's model again: its TFLM
-    outputs come from the cache, keyed by the model's sha256."""
-    assert "mlperf: TFLite Micro: outputs read from the cache" in sweeps.second_log
-    assert "mlperf: TFLite Micro: outputs read from the cache" not in sweeps.first_log
+def test_tflm_outputs_are_cached_by_the_models_bytes(
+    sweeps: Sweeps, cifar: Cifar10, assets_dir: Path, model_cache: Path, tmp_path: Path, monkeypatch
+) -> None:
+    """The sweep left TFLM's outputs of MLPerf's model in its cache directory: the same bytes on the same
+    inputs are read back (TFLM does not run again) and give the run's logged TFLM predictions."""
+    model = (assets_dir / "models" / "pretrainedResnet_quant.tflite").read_bytes()
+    source, _ = tflm.io(model)
+    inputs = quantize(to_model_input(cifar.test_images), source.scale, source.zero_point, source.dtype)
+    monkeypatch.setattr(tflm, "run", lambda *args, **kwargs: pytest.fail("TFLM ran again"))
+    outputs = cached_outputs(model, inputs, model_cache, 1, "mlperf")
+    table = pd.read_csv(artifacts(sweeps, mcu_runs(sweeps)["mlperf"], "mcu", tmp_path) / "predictions.csv")
+    assert (outputs.argmax(axis=1) == table["tflm"].to_numpy()).all()
 
 
 def test_tflm_fully_connected_rounds_twice_where_litert_reference_rounds_once(

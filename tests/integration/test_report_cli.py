@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from resnet8ptq.report import writer as report
+from resnet8ptq.report.mcu import MCU_PNG
 from tests.integration.conftest import Sweeps
 from tests.unit.test_report import REPORT_FILES
 
@@ -14,9 +15,10 @@ def test_real_sweep_writes_the_report(sweeps: Sweeps) -> None:
     parent, client = sweeps.first, sweeps.client
     sweep_dir = Path(parent.data.tags["sweep_dir"])
     assert sweep_dir.parent.parent == sweeps.workdir / "runs" / "multirun"
-    assert {p.name for p in sweep_dir.iterdir()} >= REPORT_FILES
+    files = REPORT_FILES | {MCU_PNG}  # two models on the MCU path: the accuracy-vs-arena plot
+    assert {p.name for p in sweep_dir.iterdir()} >= files
     logged = {Path(a.path).name for a in client.list_artifacts(parent.info.run_id, report.ARTIFACT_DIR)}
-    assert logged == REPORT_FILES
+    assert logged == files
     text = (sweep_dir / "report.md").read_text()
     for backend in ("onnx", "torch", "tflite"):
         assert f"| {backend} fp32 | {backend} | fp32 | float32/float32 |" in text
