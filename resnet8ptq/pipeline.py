@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import importlib.metadata
 import json
 import logging
 import os
@@ -343,8 +342,10 @@ def mcu_identity(cfg: DictConfig, backend: Backend) -> dict[str, str]:
     Vela versions): a run made without it, or with other boards, is not reused. Nothing for other backends."""
     if not (backend.MCU and cfg.mcu.enabled):
         return {}
+    from resnet8ptq.mcu import tflm, vela  # numpy only: tflite_micro loads when a model runs
+
     settings = OmegaConf.to_container(cfg.mcu, resolve=True)
-    versions = {package: importlib.metadata.version(package) for package in ("tflite-micro", "ethos-u-vela")}
+    versions = {"tflite-micro": tflm.version(), "ethos-u-vela": vela.version()}
     return {"mcu": json.dumps({**settings, **versions}, sort_keys=True)}
 
 
@@ -441,7 +442,7 @@ def on_mcu(
 
     result = evaluate_mcu(
         path, mcu, test_images, reference.labels, reference.probabilities, perf_subset, Path(cfg.cache_dir),
-        cfg.threads, f"{name}: TFLite Micro",
+        threads_per_run(cfg), f"{name}: TFLite Micro",
     )  # fmt: skip
     log.info(
         "%s: TFLite Micro accuracy %.4f; %s; arena %d bytes, flash %d bytes; fits %s",

@@ -7,12 +7,12 @@ from __future__ import annotations
 import pandas as pd
 
 from resnet8ptq.drawing import draw
+from resnet8ptq.mcu.config import KIB
 from resnet8ptq.report.analysis import pareto_front
 from resnet8ptq.report.figures import tradeoff_png
 from resnet8ptq.report.sections import Report, Table
 
 MCU_PNG = "report_accuracy_vs_arena.png"
-KIB = 1024
 NO_PATH = {
     "onnx": "no MCU path: an ONNX Runtime model (TFLite Micro runs .tflite files)",
     "torch": "no MCU path: a PyTorch program (TFLite Micro runs .tflite files)",
