@@ -85,10 +85,17 @@ def parse_cpuinfo(text: str, cores: int) -> Hardware:
     )
 
 
+def usable_cores() -> int:
+    """The CPUs this process may run on: its affinity (``taskset``, a SLURM allocation, a container's cpuset),
+    else every core. Libraries that size their thread pools by the machine's cores (ONNX Runtime does) would
+    otherwise put more threads on them than there are cores."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 @functools.cache
 def detect() -> Hardware:
     """This machine (cores: the CPUs this process may run on)."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cores = usable_cores()
     cpuinfo = Path("/proc/cpuinfo")
     try:
         text = cpuinfo.read_text(encoding="utf-8", errors="replace")

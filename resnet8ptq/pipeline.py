@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -349,15 +348,15 @@ def mcu_identity(cfg: DictConfig, backend: Backend) -> dict[str, str]:
     return {"mcu": json.dumps({**settings, **versions}, sort_keys=True)}
 
 
-def threads_per_run(cfg: DictConfig) -> int | None:
-    """``cfg.threads``, else the cores divided among the launcher's parallel jobs (None: one job at a time,
-    the libraries use every core)."""
+def threads_per_run(cfg: DictConfig) -> int:
+    """``cfg.threads``, else the cores this process may use (its CPU affinity: ``hardware.usable_cores``)
+    divided among the launcher's parallel jobs."""
     if cfg.threads:
         return cfg.threads
     n_jobs = HydraConfig.get().launcher.get("n_jobs") if HydraConfig.initialized() else None
-    cores = os.cpu_count() or 1
+    cores = hardware.usable_cores()
     if not n_jobs or n_jobs == 1:
-        return None
+        return cores
     return max(1, cores // (cores if n_jobs < 0 else n_jobs))
 
 

@@ -23,6 +23,8 @@ def layer_inputs(
     ``reduce(node, batch_input)``, the sum over batches of what it returns (keyed by node name)."""
     import onnxruntime as ort
 
+    from resnet8ptq.backends.onnx.options import cpu_options
+
     probe = onnx.ModelProto()
     probe.CopyFrom(model)
     existing = {output.name for output in probe.graph.output}
@@ -30,7 +32,9 @@ def layer_inputs(
         if node.input[0] not in existing:
             probe.graph.output.append(onnx.ValueInfoProto(name=node.input[0]))
             existing.add(node.input[0])
-    session = ort.InferenceSession(probe.SerializeToString(), providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(
+        probe.SerializeToString(), cpu_options(), providers=["CPUExecutionProvider"]
+    )
     names = [output.name for output in session.get_outputs()]
     collected: dict[str, list] = {}
     sums: dict[str, np.ndarray] = {}

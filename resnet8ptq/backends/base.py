@@ -20,6 +20,7 @@ from omegaconf import MISSING
 
 from resnet8ptq.device.graph import IntegerModel
 from resnet8ptq.errors import Unsupported
+from resnet8ptq.hardware import usable_cores
 from resnet8ptq.spec import LayerError, LayerPrecision, QuantSpec, TensorRange, base_precision
 
 Predictor = Callable[[np.ndarray], np.ndarray]
@@ -114,9 +115,9 @@ class Backend(ABC):
 
     def __init__(self, native: bool = True, threads: int | None = None) -> None:
         """``native``: also build the runtime's integer-kernel form where it has one (False: reference only).
-        ``threads``: compute threads for inference (None: the library's default, all cores)."""
+        ``threads``: compute threads for inference (None: the cores this process may use)."""
         self.native = native
-        self.threads = threads
+        self.threads = threads or usable_cores()
 
     def check(self, spec: QuantSpec) -> None:  # noqa: B027 (optional hook: most backends run every spec)
         """Raise :class:`Unsupported` if this backend cannot run ``spec`` exactly (default: it can)."""

@@ -18,6 +18,7 @@ import numpy as np
 
 from resnet8ptq.backends.tflite.flatbuffer import read
 from resnet8ptq.backends.tflite.litert_runner import dequantize, quantize
+from resnet8ptq.hardware import usable_cores
 from resnet8ptq.mcu import tflm, vela
 from resnet8ptq.mcu.config import KIB, Board, McuConfig
 from resnet8ptq.mcu.divergence import Divergence, locate
@@ -155,7 +156,7 @@ def evaluate_mcu(
     model = Path(path).read_bytes()
     source, sink = tflm.io(model)
     inputs = quantize(images, source.scale, source.zero_point, source.dtype) if source.scale else images
-    raw = cached_outputs(model, inputs, Path(cache_dir), workers or len(os.sched_getaffinity(0)), desc)
+    raw = cached_outputs(model, inputs, Path(cache_dir), workers or usable_cores(), desc)
     outputs = dequantize(raw, sink.scale, sink.zero_point) if sink.scale else raw.astype(np.float32)
     differs = np.flatnonzero(np.any(outputs != np.asarray(reference_outputs), axis=1))
     divergence = locate(path, images[differs]) if len(differs) else None

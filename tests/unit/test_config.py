@@ -119,3 +119,17 @@ def test_bad_combinations_are_refused_by_name(overrides: list[str], message: str
 def test_algo_group_choices() -> None:
     assert composed("algo=cle_bias_correction").algo.steps == ["cle", "bias_correction"]
     assert composed().algo.steps == []
+
+
+@pytest.mark.parametrize(("override", "affinity", "expected"), [(None, 6, 6), ("threads=3", 6, 3)])
+def test_threads_follow_the_cpu_affinity(
+    monkeypatch: pytest.MonkeyPatch, override: str | None, affinity: int, expected: int
+) -> None:
+    """`threads=null`: the cores this process may use (taskset, SLURM), not the machine's, given to every
+    library explicitly (ONNX Runtime's own default ignores the affinity)."""
+    from resnet8ptq.pipeline import threads_per_run
+
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(affinity)), raising=False)
+    cfg = composed(*([override] if override else []))
+    assert threads_per_run(cfg) == expected
+    assert instantiate(cfg.backend).threads == affinity  # a backend built without a count takes them all

@@ -24,6 +24,7 @@ from onnxruntime.quantization.registry import QDQRegistry, QLinearOpsRegistry
 
 from resnet8ptq.backends.base import Backend, MlflowFlavor, Model, QuantizedModel, Runtime
 from resnet8ptq.backends.onnx import layer_errors
+from resnet8ptq.backends.onnx.options import cpu_options
 from resnet8ptq.backends.onnx.reader import ImageReader, input_name
 from resnet8ptq.backends.onnx.widths import QUANT_TYPES, check_widths, layer_precision, tensor_overrides
 from resnet8ptq.device.graph import IntegerModel
@@ -45,18 +46,14 @@ FLOAT_WEIGHTED_OPS = {"Conv", "Gemm", "MatMul", "FusedConv", "FusedGemm", "Fused
 def session(
     path: Path, threads: int | None = None, optimize: bool = True, optimized_path: Path | None = None
 ) -> ort.InferenceSession:
-    """A CPU inference session for the model at ``path`` (``threads`` intra-op threads; None: all cores).
+    """A CPU inference session for the model at ``path`` (:func:`cpu_options`: ``threads`` intra-op threads,
+    None: the cores this process may use).
 
     ``optimize=False`` turns graph optimisations off: a QDQ model then runs its exact quantize/dequantize
     semantics (float ops between QuantizeLinear/DequantizeLinear). ``optimized_path``: where ORT saves the
     graph it runs after optimisation (which ops were fused into integer kernels).
     """
-    options = ort.SessionOptions()
-    if threads:
-        options.intra_op_num_threads = threads
-        options.inter_op_num_threads = 1
-    if not optimize:
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options = cpu_options(threads, optimize)
     if optimized_path is not None:
         options.optimized_model_filepath = str(optimized_path)
         options.log_severity_level = 3  # ORT warns that an NCHWc-optimised graph is hardware-specific

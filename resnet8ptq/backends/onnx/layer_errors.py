@@ -25,6 +25,7 @@ from onnxruntime.quantization.qdq_loss_debug import (
 )
 from tqdm import tqdm
 
+from resnet8ptq.backends.onnx.options import cpu_options
 from resnet8ptq.backends.onnx.reader import input_name
 from resnet8ptq.calibration import batches
 from resnet8ptq.model import layer_name
@@ -131,8 +132,7 @@ def augmented_session(path: Path, augmented: Path, op_types: list[str] | None) -
     delete each other's file (seen with two joblib jobs)."""
     source = Path(shutil.copy(path, augmented.with_name(f"{augmented.stem}-source.onnx")))
     modify_model_output_intermediate_tensors(str(source), str(augmented), op_types_for_saving=op_types)
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options = cpu_options(optimize=False)
     return ort.InferenceSession(str(augmented), options, providers=["CPUExecutionProvider"])
 
 

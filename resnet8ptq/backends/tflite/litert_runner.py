@@ -14,12 +14,13 @@ away from zero, clamped to the type), integer outputs dequantized (``(q - zero_p
 
 from __future__ import annotations
 
-import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 from ai_edge_litert.interpreter import Interpreter, OpResolverType
+
+from resnet8ptq.hardware import usable_cores
 
 BATCH = 500  # images per invoke: bounds the activation memory of large inputs
 
@@ -55,7 +56,7 @@ class TFLiteRunner:
     ) -> None:
         self.path = Path(path)
         self.reference = reference
-        threads = threads or len(os.sched_getaffinity(0))
+        threads = threads or usable_cores()
         copies = threads if reference and not preserve_all_tensors else 1
         self._slots = [
             _Slot(

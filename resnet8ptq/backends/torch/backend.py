@@ -64,8 +64,7 @@ class TorchBackend(Backend):
 
     def __init__(self, native: bool = True, threads: int | None = None) -> None:
         super().__init__(native, threads)
-        if threads:
-            torch.set_num_threads(threads)
+        torch.set_num_threads(self.threads)
 
     def load_fp32(self, onnx_path: Path, workdir: Path) -> Model:
         """onnx2torch conversion, exported and saved as ``model_fp32.pt2``."""
