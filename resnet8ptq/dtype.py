@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 from omegaconf import MISSING
 
 QUANT_DTYPES = ("int8", "uint8")
@@ -89,6 +90,22 @@ def integer_range(signedness: str, bits: int, symmetric: bool, reduce_range: boo
         return 0, 2**bits - 1
     half = 2 ** (bits - 1)
     return (-(half - 1) if symmetric else -half), half - 1
+
+
+def ort_scale_zero_point(
+    rmin: float, rmax: float, qmin: int, qmax: int, symmetric: bool
+) -> tuple[float, int]:
+    """Scale and zero point exactly as ORT's ``compute_scale_zp`` (the range is extended to include 0)."""
+    from onnxruntime.quantization.quant_utils import compute_scale_zp
+
+    zero_point, scale = compute_scale_zp(
+        np.array(rmin, np.float32),
+        np.array(rmax, np.float32),
+        np.array(qmin, np.int32),
+        np.array(qmax, np.int32),
+        symmetric,
+    )
+    return float(scale), int(zero_point)
 
 
 def bits_used(low: int, high: int, signed: bool) -> int:

@@ -40,13 +40,14 @@ from resnet8ptq.device.graph import (
 INT8_RANGES = {"int8": (-128, 127), "uint8": (0, 255)}
 
 
-def quant(scale: float, zero_point: int, dtype: str) -> Quant:
-    """An 8-bit activation quantization (16-bit activations are not covered by the integer executor yet)."""
+def quant(scale: float, zero_point: int, dtype: str, bounds: tuple[int, int] | None = None) -> Quant:
+    """An activation quantization stored in 8 bits, clamped to the type's range or to ``bounds`` (a narrower
+    width). 16-bit activations are not covered by the integer executor yet."""
     if dtype not in INT8_RANGES:
         raise ValueError(
             f"activations of type {dtype}: the integer executor covers 8-bit activations (int8, uint8)."
         )
-    return Quant(float(np.float32(scale)), int(zero_point), *INT8_RANGES[dtype])
+    return Quant(float(np.float32(scale)), int(zero_point), *(bounds or INT8_RANGES[dtype]))
 
 
 @dataclass

@@ -21,7 +21,8 @@ SEARCH = (
     "hydra/sweeper=search",
     "hydra.sweeper.n_trials=3",
     "search.objectives=[accuracy,model_size_bytes]",
-    "dtype.activation_bits=choice(6,8)",  # ONNX Runtime refuses 6-bit activations: a failed trial
+    "backend=choice(onnx,tflite)",
+    "dtype=uint8",  # TFLite refuses uint8 activations: its trials fail
     "algo=none",
     "report.enabled=false",
 )
@@ -81,7 +82,7 @@ def test_optuna_trials_are_runs_of_one_sweep_with_their_logged_values(optuna_sea
     trials = {k: v for k, v in tags.items() if k.startswith("search.trial.")}
     assert sorted(trials) == ["search.trial.0000", "search.trial.0001", "search.trial.0002"]
     refused = [v for v in trials.values() if v.startswith("refused: ")]
-    assert refused and all("dtype.activation_bits=6" in v for v in refused), trials
+    assert refused and all("backend=tflite runs dtype=int8" in v for v in refused), trials
     assert (
         "Failed experiment: Return value must be" in result.stdout + result.stderr
     )  # Optuna: a failed trial

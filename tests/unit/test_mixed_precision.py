@@ -241,7 +241,7 @@ def test_report_shows_the_steps_and_the_search(store: MlflowClient, tmp_path: Pa
     reach_target(
         target_cfg(max_drop_points=0.1, layers_per_step=2), tmp_path / "out", scripted_run(store, [])
     )
-    trials = {trial_tag(0): "refused: backend=onnx cannot run dtype.activation_bits=6"}
+    trials = {trial_tag(0): "refused: backend=tflite runs dtype=int8 ...; not uint8-int8"}
     runs = store.search_runs([store.experiment_id], f"tags.mlflow.parentRunId = '{store.parent}'")
     trials |= {
         trial_tag(i + 1): run.info.run_id for i, run in enumerate(sorted(runs, key=lambda r: r.info.run_name))

@@ -1,7 +1,10 @@
-"""ONNX Runtime backend helpers on hand-made graphs: which kernels an optimised graph runs, and weight
-dequantization with uint8 zero points (checked against ONNX's reference implementation)."""
+"""ONNX Runtime backend helpers on hand-made graphs: which kernels an optimised graph runs, weight
+dequantization with uint8 zero points, and activations narrower than 8 bits (checked against ONNX's reference
+implementation)."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -9,13 +12,17 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
-from resnet8ptq.backends.onnx.backend import kernel_summary
+from resnet8ptq.backends.onnx.backend import kernel_summary, session
 from resnet8ptq.backends.onnx.layer_errors import (
     augmented_session,
     dequantized_weights,
     saved_outputs,
     tensors,
 )
+from resnet8ptq.backends.onnx.widths import clamp_narrow_activations, layer_precision
+from resnet8ptq.calibration import CalibConfig
+from resnet8ptq.dtype import DtypeConfig
+from resnet8ptq.spec import QuantSpec
 
 
 def _graph_of(*op_types: str) -> onnx.ModelProto:
@@ -102,3 +109,49 @@ def test_augmented_session_gives_each_intermediate_tensor_of_a_batch(tmp_path) -
     assert tensors(session, {"input": images}, ["out"]).keys() == {"out"}
     relu_only = augmented_session(path, tmp_path / "relu.onnx", ["Relu"])
     assert sorted(saved_outputs(relu_only)) == ["out", "scaled"]
+
+
+def _qdq_model(scale: float, zero_point: int) -> onnx.ModelProto:
+    """x -> QuantizeLinear (uint8) -> DequantizeLinear -> y, as ORT's quantizer writes an activation."""
+    inits = [
+        numpy_helper.from_array(np.array(scale, np.float32), "x_scale"),
+        numpy_helper.from_array(np.array(zero_point, np.uint8), "x_zero_point"),
+    ]
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", "x_scale", "x_zero_point"], ["x_QuantizeLinear_Output"]),
+        helper.make_node("DequantizeLinear", ["x_QuantizeLinear_Output", "x_scale", "x_zero_point"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "qdq",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None])],
+        inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+
+
+@pytest.mark.parametrize("bits", [4, 5, 6, 7])
+def test_narrow_activations_are_quantized_to_their_range(bits: int, tmp_path: Path) -> None:
+    """The integer Clip after QuantizeLinear makes the pair quantize to 0..2^b-1 (zero point 3), in ONNX's
+    reference evaluator and in ONNX Runtime; the width reads back from the model."""
+
+    model = _qdq_model(0.5, 3)
+    spec = QuantSpec(DtypeConfig("uint8", "int8", activation_bits=bits), CalibConfig("minmax"))
+    clamp_narrow_activations(model, spec, {"x"})
+    onnx.checker.check_model(model)
+    x = np.linspace(-10, 200, 421, dtype=np.float32)
+    expected = (np.clip(np.round(x / 0.5) + 3, 0, 2**bits - 1) - 3) * 0.5  # round half to even, as ONNX
+    (reference,) = ReferenceEvaluator(model).run(None, {"x": x})
+    onnx.save(model, tmp_path / "model.onnx")
+    runtime = session(tmp_path / "model.onnx").run(None, {"x": x})[0]
+    np.testing.assert_array_equal(reference, expected)
+    np.testing.assert_array_equal(runtime, expected)
+    assert [(p.kind, p.dtype, p.bits) for p in layer_precision(model)] == [("activation", "uint8", bits)]
+
+
+def test_8_bit_activations_get_no_clip() -> None:
+
+    model = _qdq_model(0.5, 3)
+    clamp_narrow_activations(model, QuantSpec(DtypeConfig("uint8", "int8"), CalibConfig("minmax")), {"x"})
+    assert [node.op_type for node in model.graph.node] == ["QuantizeLinear", "DequantizeLinear"]

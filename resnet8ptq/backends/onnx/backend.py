@@ -26,7 +26,13 @@ from resnet8ptq.backends.base import Backend, MlflowFlavor, Model, QuantizedMode
 from resnet8ptq.backends.onnx import layer_errors
 from resnet8ptq.backends.onnx.options import cpu_options
 from resnet8ptq.backends.onnx.reader import ImageReader, input_name
-from resnet8ptq.backends.onnx.widths import QUANT_TYPES, check_widths, layer_precision, tensor_overrides
+from resnet8ptq.backends.onnx.widths import (
+    QUANT_TYPES,
+    clamp_narrow_activations,
+    layer_precision,
+    narrowed_tensors,
+    tensor_overrides,
+)
 from resnet8ptq.device.graph import IntegerModel
 from resnet8ptq.model import save_onnx
 from resnet8ptq.spec import LayerError, QuantSpec, TensorRange
@@ -98,9 +104,6 @@ class OnnxRuntimeBackend(Backend):
             predict=predictor(session(onnx_path, self.threads)), path=onnx_path, source_path=onnx_path
         )
 
-    def check(self, spec: QuantSpec) -> None:
-        check_widths(spec.dtype)
-
     def quantize(
         self, onnx_path: Path, calibration_images: np.ndarray, spec: QuantSpec, workdir: Path
     ) -> QuantizedModel:
@@ -123,11 +126,16 @@ class OnnxRuntimeBackend(Backend):
             calibrator.collect_data(ImageReader(calibration_images, spec.calib.batch_size, model_input))
             tensors_range = calibrator.compute_data()
         save_tensors_data(tensors_range, ranges_path)
+        ranges = {
+            name: (float(np.min(data.range_value[0])), float(np.max(data.range_value[1])))
+            for name, data in sorted(tensors_range.data.items())
+        }
         del calibrator
         (workdir / "augmented_model.onnx").unlink(missing_ok=True)
         calib_seconds = time.perf_counter() - start
 
         start = time.perf_counter()
+        fp32 = onnx.load(onnx_path)
         out = workdir / "model_quantized.onnx"
         quantize_static(
             onnx_path,
@@ -141,23 +149,20 @@ class OnnxRuntimeBackend(Backend):
             per_channel=spec.per_channel,
             reduce_range=spec.reduce_range,
             op_types_to_quantize=OP_TYPES,
-            extra_options={"TensorQuantOverrides": tensor_overrides(onnx.load(onnx_path), spec)},
+            extra_options={"TensorQuantOverrides": tensor_overrides(fp32, spec, ranges)},
         )
         quantized = onnx.load(out)
+        clamp_narrow_activations(quantized, spec, narrowed_tensors(fp32, ranges))
         save_onnx(quantized, out)
         quantize_seconds = time.perf_counter() - start
 
         layers = layer_precision(quantized)
-        ranges = [
-            TensorRange(name, float(np.min(data.range_value[0])), float(np.max(data.range_value[1])))
-            for name, data in sorted(tensors_range.data.items())
-        ]
         reference = predictor(session(out, self.threads, optimize=False))
         return QuantizedModel(
             path=out,
             reference=reference,
             runtime=self._runtime(out, workdir) if self.native else Runtime(reference, False, NO_NATIVE),
-            ranges=ranges,
+            ranges=[TensorRange(name, *bounds) for name, bounds in ranges.items()],
             layers=layers,
             calib_seconds=calib_seconds,
             quantize_seconds=quantize_seconds,

@@ -2,7 +2,8 @@
 
 The QDQ graph is read node by node: ``DequantizeLinear`` on an initializer is a weight or an int32 bias (per
 channel along its axis), on an activation the quantized tensor a layer reads; the ``QuantizeLinear`` after a
-Conv/Gemm/Add/AveragePool (through a Relu, if ORT kept one) the quantized tensor it writes. A Transpose of
+Conv/Gemm/Add/AveragePool (through a Relu, if ORT kept one) the quantized tensor it writes, clamped to a
+narrower width by the integer ``Clip`` right after it where activations are narrower than 8 bits. A Transpose of
 the NHWC input and a Reshape before the dense layer carry no arithmetic. The lowering to integer arithmetic
 is shared with PyTorch's programs (:mod:`resnet8ptq.device.qdq`).
 """
@@ -49,9 +50,13 @@ def integer_model(path: Path) -> IntegerModel:
             dtype = TYPE_NAMES.get(onnx.helper.np_dtype_to_tensor_dtype(zero_point.dtype))
             if dtype is None:
                 raise ValueError(f"{Path(path).name}: activations of type {zero_point.dtype}: 8-bit only.")
-            quants[node.output[0]] = quant(float(scale), int(zero_point), dtype)
-            quantized_of[node.input[0]] = node.output[0]
-            quantizes[node.output[0]] = node.input[0]
+            output, bounds = node.output[0], None
+            clip = next((c for c in consumers.get(output, []) if c.op_type == "Clip"), None)
+            if clip is not None:  # a narrow width (backends/onnx/widths.py: clamp_narrow_activations)
+                output, bounds = clip.output[0], (int(constants[clip.input[1]]), int(constants[clip.input[2]]))
+            quants[output] = quant(float(scale), int(zero_point), dtype, bounds)
+            quantized_of[node.input[0]] = output
+            quantizes[output] = node.input[0]
     producers = {name: node for node in graph.node for name in node.output}
 
     def quantized_input(name: str) -> str:
@@ -84,7 +89,7 @@ def integer_model(path: Path) -> IntegerModel:
         if node.op_type in AFTER_LOGITS:
             break
         if node.op_type not in LAYER_OPS:
-            if node.op_type not in PASS_THROUGH | {"QuantizeLinear", "DequantizeLinear"}:
+            if node.op_type not in PASS_THROUGH | {"QuantizeLinear", "DequantizeLinear", "Clip"}:
                 raise ValueError(
                     f"{Path(path).name}: op {node.op_type} is not covered by the integer executor."
                 )
@@ -125,4 +130,4 @@ def integer_model(path: Path) -> IntegerModel:
         "ONNX Runtime's QDQ model computes each layer in float and quantizes it rounding half to even; the "
         "integer form accumulates exactly and requantizes in fixed point (TFLite's double rounding)."
     ]
-    return lower("onnx-qdq", layers, quants, first.output[0], windows, notes)
+    return lower("onnx-qdq", layers, quants, quantized_of[first.input[0]], windows, notes)

@@ -1,17 +1,20 @@
 """Bit widths in ONNX Runtime's QDQ format: 16-bit activations (ORT's int16/uint16 Q/DQ), weights narrower
 than 8 bits (their scale and zero point computed for the narrow range and handed to ``quantize_static`` as
-tensor overrides, so the int8/uint8 weights hold only that range), layers raised to 16 bits (mixed precision:
-a ``quant_type`` tensor override each), and the width of every layer read back from a saved model."""
+tensor overrides, so the int8/uint8 weights hold only that range), activations narrower than 8 bits (their
+scale and zero point likewise, and an integer ``Clip`` to the narrow range after each activation
+``QuantizeLinear``, which saturates at its type's bounds only), layers raised to 16 bits (mixed precision: a
+``quant_type`` tensor override each), and the width of every layer read back from a saved model."""
 
 from __future__ import annotations
+
+from collections.abc import Iterable
 
 import numpy as np
 import onnx
 from onnx import numpy_helper
 from onnxruntime.quantization import QuantType
 
-from resnet8ptq.dtype import DtypeConfig, bits_used
-from resnet8ptq.errors import Unsupported
+from resnet8ptq.dtype import bits_used, ort_scale_zero_point
 from resnet8ptq.layers import model_layers
 from resnet8ptq.model import layer_name
 from resnet8ptq.spec import LayerPrecision, QuantSpec
@@ -29,23 +32,84 @@ ONNX_DTYPE_NAMES = {
     onnx.TensorProto.INT16: "int16",
     onnx.TensorProto.UINT16: "uint16",
 }
+NARROW_ACTIVATION_BITS = range(4, 8)
+WEIGHTED_OPS = {"Conv", "Gemm", "MatMul"}
+QUANTIZE_INPUT_SUFFIX = "_QuantizeLinear_Input"
+"""ORT renames a graph output it quantizes to ``<name>_QuantizeLinear_Input`` (the Q/DQ pair then makes
+``<name>``)."""
+WIDE_SUFFIX = "_unclipped"
+"""The name of an activation QuantizeLinear's own output, before :func:`clamp_narrow_activations`' Clip."""
 
 
-def check_widths(dtype: DtypeConfig) -> None:
-    """Raise :class:`Unsupported` for widths ORT's QDQ format cannot hold exactly."""
-    if dtype.activation_bits not in (8, 16):
-        raise Unsupported(
-            f"backend=onnx cannot run dtype.activation_bits={dtype.activation_bits}: ONNX Runtime's "
-            f"QuantizeLinear saturates at its type's bounds (8 or 16 bits), so it runs 8 or 16 only "
-            f"(backend=torch runs 4..8)."
-        )
-
-
-def tensor_overrides(model: onnx.ModelProto, spec: QuantSpec) -> dict[str, list[dict]]:
-    """ORT ``TensorQuantOverrides`` for the spec: narrow weights (:func:`weight_overrides`) and raised layers
+def tensor_overrides(
+    model: onnx.ModelProto, spec: QuantSpec, ranges: dict[str, tuple[float, float]]
+) -> dict[str, list[dict]]:
+    """ORT ``TensorQuantOverrides`` for the spec: narrow activations (:func:`activation_overrides`, from the
+    calibrated ``ranges``), narrow weights (:func:`weight_overrides`) and raised layers
     (:func:`raised_overrides`). 16-bit Q/DQ need no contrib ops: ORT moves such a model to opset 21, where
     they are standard ops (with ``UseQDQContribOps`` ORT's qdq_loss_debug finds no activation to compare)."""
-    return {**weight_overrides(model, spec), **raised_overrides(model, spec)}
+    narrow = {name: ranges[name] for name in narrowed_tensors(model, ranges)}
+    return {
+        **activation_overrides(narrow, spec),
+        **weight_overrides(model, spec),
+        **raised_overrides(model, spec),
+    }
+
+
+def activation_overrides(ranges: dict[str, tuple[float, float]], spec: QuantSpec) -> dict[str, list[dict]]:
+    """For activations narrower than 8 bits: each calibrated tensor's scale and zero point for the narrow
+    range :meth:`DtypeConfig.activation_range` (ORT's formula, as the torch backend's observers), so that
+    ``quantize_static`` maps the calibrated range onto it; :func:`clamp_narrow_activations` then clamps to it.
+    Empty at 8 and 16 bits: ORT computes the same parameters itself."""
+    if spec.dtype.activation_bits not in NARROW_ACTIVATION_BITS:
+        return {}
+    qmin, qmax = spec.dtype.activation_range()
+    storage = np.dtype(spec.dtype.storage[0])
+    overrides = {}
+    for name, (low, high) in ranges.items():
+        scale, zero_point = ort_scale_zero_point(low, high, qmin, qmax, symmetric=False)
+        overrides[name] = [
+            {"scale": np.array(scale, np.float32), "zero_point": np.array(zero_point, storage)}
+        ]
+    return overrides
+
+
+def narrowed_tensors(model: onnx.ModelProto, tensors: Iterable[str]) -> set[str]:
+    """The calibrated activations (``tensors``) that narrow activation widths apply to: every one up to the
+    last conv/gemm layer's input. The logits and what follows (the softmax's probabilities) keep the storage
+    type's 8 bits: the PyTorch backend does not quantize them at all, and probabilities in 2^b levels would
+    tie the top classes."""
+    last = max(i for i, node in enumerate(model.graph.node) if node.op_type in WEIGHTED_OPS)
+    head = {name for node in model.graph.node[last:] for name in node.output}
+    return set(tensors) - head
+
+
+def clamp_narrow_activations(model: onnx.ModelProto, spec: QuantSpec, narrowed: set[str]) -> None:
+    """Insert an integer ``Clip`` to :meth:`DtypeConfig.activation_range` after the ``QuantizeLinear`` of each
+    ``narrowed`` activation of ``model`` (:func:`narrowed_tensors`; in place) when activations are narrower
+    than 8 bits: ``QuantizeLinear``
+    rounds and saturates at the int8/uint8 bounds, the Clip then at the narrow ones, which is quantization
+    to the narrow type. The DequantizeLinear keeps its input's name (the Clip's output), so ORT's QDQ node
+    units (DequantizeLinear -> op -> QuantizeLinear) and ``qdq_loss_debug``'s names are unchanged."""
+    if spec.dtype.activation_bits not in NARROW_ACTIVATION_BITS:
+        return
+    qmin, qmax = spec.dtype.activation_range()
+    storage = np.dtype(spec.dtype.storage[0])
+    weights = {init.name for init in model.graph.initializer}
+    nodes = []
+    for node in model.graph.node:
+        nodes.append(node)
+        quantized = node.input[0].removesuffix(QUANTIZE_INPUT_SUFFIX)
+        if node.op_type != "QuantizeLinear" or node.input[0] in weights or quantized not in narrowed:
+            continue
+        clamped = node.output[0]
+        node.output[0] = f"{clamped}{WIDE_SUFFIX}"
+        bounds = [f"{clamped}_clip_min", f"{clamped}_clip_max"]
+        for name, value in zip(bounds, (qmin, qmax), strict=True):
+            model.graph.initializer.append(numpy_helper.from_array(np.array(value, storage), name))
+        nodes.append(onnx.helper.make_node("Clip", [node.output[0], *bounds], [clamped], f"{clamped}_Clip"))
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
 
 
 def raised_overrides(model: onnx.ModelProto, spec: QuantSpec) -> dict[str, list[dict]]:
@@ -89,22 +153,22 @@ def weight_overrides(model: onnx.ModelProto, spec: QuantSpec) -> dict[str, list[
     return overrides
 
 
-QUANTIZE_INPUT_SUFFIX = "_QuantizeLinear_Input"
-"""ORT renames a graph output it quantizes to ``<name>_QuantizeLinear_Input`` (the Q/DQ pair then makes
-``<name>``)."""
-
-
 def layer_precision(model: onnx.ModelProto) -> list[LayerPrecision]:
     """Every quantized layer of a QDQ model as stored: activations by the type of their QuantizeLinear zero
-    point (ORT quantizes to the type's bounds: its bits), conv/gemm weights by the type of the stored integers
-    and the fewest bits holding them."""
+    point and the bounds they are clamped to (the type's, or an integer Clip's right after), conv/gemm weights
+    by the type of the stored integers and the fewest bits holding them."""
     inits = {init.name: init for init in model.graph.initializer}
+    clips = {node.input[0]: node for node in model.graph.node if node.op_type == "Clip"}
     layers = []
     for node in model.graph.node:
         if node.op_type == "QuantizeLinear" and len(node.input) > 2 and node.input[2] in inits:
             dtype = ONNX_DTYPE_NAMES[inits[node.input[2]].data_type]
             name = layer_name(node.input[0].removesuffix(QUANTIZE_INPUT_SUFFIX))
-            layers.append(LayerPrecision(name, "activation", dtype, 8 * np.dtype(dtype).itemsize))
+            bits = 8 * np.dtype(dtype).itemsize
+            if node.output[0] in clips:
+                low, high = (int(numpy_helper.to_array(inits[b])) for b in clips[node.output[0]].input[1:3])
+                bits = bits_used(low, high, np.issubdtype(np.dtype(dtype), np.signedinteger))
+            layers.append(LayerPrecision(name, "activation", dtype, bits))
         elif node.op_type == "DequantizeLinear" and node.input[0].endswith("_quantized"):
             values = numpy_helper.to_array(inits[node.input[0]])
             if values.ndim >= 2:  # conv/gemm weights, not biases

@@ -5,31 +5,15 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import torch
 from torch import fx
 from torchao.quantization.pt2e.observer import UniformQuantizationObserverBase
 
 from resnet8ptq.calibration import CalibConfig, RangeCollector
+from resnet8ptq.dtype import ort_scale_zero_point
 
 TORCH_DTYPES = {"int8": torch.int8, "uint8": torch.uint8, "int16": torch.int16, "uint16": torch.uint16}
 """The storage types of :attr:`resnet8ptq.dtype.DtypeConfig.storage`."""
-
-
-def ort_scale_zero_point(
-    rmin: float, rmax: float, qmin: int, qmax: int, symmetric: bool
-) -> tuple[float, int]:
-    """Scale and zero point exactly as ORT's ``compute_scale_zp`` (the range is extended to include 0)."""
-    from onnxruntime.quantization.quant_utils import compute_scale_zp
-
-    zero_point, scale = compute_scale_zp(
-        np.array(rmin, np.float32),
-        np.array(rmax, np.float32),
-        np.array(qmin, np.int32),
-        np.array(qmax, np.int32),
-        symmetric,
-    )
-    return float(scale), int(zero_point)
 
 
 class OrtActivationObserver(UniformQuantizationObserverBase):
