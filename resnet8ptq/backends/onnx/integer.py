@@ -3,9 +3,9 @@
 The QDQ graph is read node by node: ``DequantizeLinear`` on an initializer is a weight or an int32 bias (per
 channel along its axis), on an activation the quantized tensor a layer reads; the ``QuantizeLinear`` after a
 Conv/Gemm/Add/AveragePool (through a Relu, if ORT kept one) the quantized tensor it writes, clamped to a
-narrower width by the integer ``Clip`` right after it where activations are narrower than 8 bits. A Transpose of
-the NHWC input and a Reshape before the dense layer carry no arithmetic. The lowering to integer arithmetic
-is shared with PyTorch's programs (:mod:`resnet8ptq.device.qdq`).
+narrower width by the integer ``Clip`` right after it where activations are narrower than 8 bits. A
+Transpose of the NHWC input and a Reshape before the dense layer carry no arithmetic. The lowering to integer
+arithmetic is shared with PyTorch's programs (:mod:`resnet8ptq.device.qdq`).
 """
 
 from __future__ import annotations
@@ -53,7 +53,8 @@ def integer_model(path: Path) -> IntegerModel:
             output, bounds = node.output[0], None
             clip = next((c for c in consumers.get(output, []) if c.op_type == "Clip"), None)
             if clip is not None:  # a narrow width (backends/onnx/widths.py: clamp_narrow_activations)
-                output, bounds = clip.output[0], (int(constants[clip.input[1]]), int(constants[clip.input[2]]))
+                low, high = (int(constants[name]) for name in clip.input[1:3])
+                output, bounds = clip.output[0], (low, high)
             quants[output] = quant(float(scale), int(zero_point), dtype, bounds)
             quantized_of[node.input[0]] = output
             quantizes[output] = node.input[0]
