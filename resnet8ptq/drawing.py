@@ -20,7 +20,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
-import multiprocessing
 import os
 import signal
 from collections.abc import Callable
@@ -28,6 +27,8 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
+
+from resnet8ptq.spawning import spawn_context
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +69,7 @@ def start() -> None:
     global _worker, _started
     if _worker is not None:
         return
-    worker = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+    worker = ProcessPoolExecutor(max_workers=1, mp_context=spawn_context())
     try:
         _started = worker.submit(_warm_up)  # spawns the process
     except OSError as err:  # e.g. a process limit: the charts are drawn here instead

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib.metadata
-import multiprocessing
 import os
 import re
 import tempfile
@@ -24,6 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 from tqdm import tqdm
+
+from resnet8ptq.spawning import spawn_context
 
 CHUNK = 250  # images per task of a worker process
 ARENA_AGREEMENT_BYTES = 512  # largest |recorded - bisected| arena size accepted as agreeing
@@ -120,7 +121,7 @@ def run(model: bytes, inputs: np.ndarray, workers: int, desc: str = "TFLite Micr
     if workers <= 1 or len(chunks) <= 1:
         _start_worker(model)
         return np.concatenate([_invoke_all(chunk) for chunk in tqdm(chunks, desc=desc, unit="chunk")])
-    context = multiprocessing.get_context("spawn")
+    context = spawn_context()
     with ProcessPoolExecutor(workers, context, initializer=_start_worker, initargs=(model,)) as pool:
         outputs = list(tqdm(pool.map(_invoke_all, chunks), total=len(chunks), desc=desc, unit="chunk"))
     return np.concatenate(outputs)
