@@ -69,7 +69,10 @@ def start() -> None:
     global _worker, _started
     if _worker is not None:
         return
-    worker = ProcessPoolExecutor(max_workers=1, mp_context=spawn_context())
+    context = spawn_context()
+    if context is None:  # a joblib launcher job: the charts are drawn in this process
+        return
+    worker = ProcessPoolExecutor(max_workers=1, mp_context=context)
     try:
         _started = worker.submit(_warm_up)  # spawns the process
     except OSError as err:  # e.g. a process limit: the charts are drawn here instead

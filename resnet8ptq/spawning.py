@@ -1,5 +1,5 @@
-"""The one way the tool starts helper processes (the chart drawer, TFLite Micro's workers): multiprocessing's
-spawn context, made usable inside a joblib launcher job."""
+"""Helper processes (the chart drawer, TFLite Micro's workers): multiprocessing's spawn context, except
+inside a joblib launcher job, which does their work in its own process instead."""
 
 from __future__ import annotations
 
@@ -9,10 +9,11 @@ from multiprocessing.context import SpawnContext
 STANDARD_METHODS = (None, "fork", "spawn", "forkserver")
 
 
-def spawn_context() -> SpawnContext:
-    """The spawn context. In a joblib (loky) worker the process's default start method is "loky", which a
-    spawned child copies and cannot resolve ("cannot find context for 'loky'": its pool breaks), so the
-    default is set to "spawn" first; the worker's own pool lives in its parent and is not affected."""
+def spawn_context() -> SpawnContext | None:
+    """The spawn context, or None inside a joblib (loky) worker. There the process's default start method is
+    "loky", which a spawned child copies and cannot resolve ("cannot find context for 'loky'": its pool
+    breaks); setting the default back to "spawn" let the children start but hung the loky workers after a few
+    jobs (seen in a 50-run sweep), so the caller does the work in its own process."""
     if multiprocessing.get_start_method(allow_none=True) not in STANDARD_METHODS:
-        multiprocessing.set_start_method("spawn", force=True)
+        return None
     return multiprocessing.get_context("spawn")

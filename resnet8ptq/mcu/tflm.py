@@ -116,12 +116,13 @@ def _bytes(pattern: re.Pattern[str], report: str) -> int:
 
 def run(model: bytes, inputs: np.ndarray, workers: int, desc: str = "TFLite Micro") -> np.ndarray:
     """``model``'s raw output tensor for each of ``inputs`` (already in the input tensor's type), one
-    ``invoke`` per image, shared among ``workers`` spawned processes."""
+    ``invoke`` per image, shared among ``workers`` spawned processes (in this process inside a joblib job:
+    :func:`spawn_context`)."""
     chunks = [inputs[start : start + CHUNK] for start in range(0, len(inputs), CHUNK)]
-    if workers <= 1 or len(chunks) <= 1:
+    context = spawn_context()  # None in a joblib launcher job: this process runs them all
+    if workers <= 1 or len(chunks) <= 1 or context is None:
         _start_worker(model)
         return np.concatenate([_invoke_all(chunk) for chunk in tqdm(chunks, desc=desc, unit="chunk")])
-    context = spawn_context()
     with ProcessPoolExecutor(workers, context, initializer=_start_worker, initargs=(model,)) as pool:
         outputs = list(tqdm(pool.map(_invoke_all, chunks), total=len(chunks), desc=desc, unit="chunk"))
     return np.concatenate(outputs)

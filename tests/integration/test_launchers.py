@@ -68,7 +68,7 @@ def test_joblib_parallel_sweep_loses_no_run(run_cli, tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "database is locked" not in result.stderr
-    # Each job's chart-drawing process is spawned from a loky worker (resnet8ptq/spawning.py).
+    # No helper process is spawned from a loky worker (resnet8ptq/spawning.py): no traceback.
     assert "cannot find context for 'loky'" not in result.stderr and "Traceback" not in result.stderr
     _, quantized = check_sweep(runs_in(tmp_path), quantized=4)
     configurations = {(r.data.params["dtype"], r.data.params["calib"]) for r in quantized}
