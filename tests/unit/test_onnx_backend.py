@@ -111,11 +111,11 @@ def test_augmented_session_gives_each_intermediate_tensor_of_a_batch(tmp_path) -
     assert sorted(saved_outputs(relu_only)) == ["out", "scaled"]
 
 
-def _qdq_model(scale: float, zero_point: int) -> onnx.ModelProto:
-    """x -> QuantizeLinear (uint8) -> DequantizeLinear -> y, as ORT's quantizer writes an activation."""
+def _qdq_model(scale: float, zero_point: int, storage: type = np.uint8) -> onnx.ModelProto:
+    """x -> QuantizeLinear (``storage``) -> DequantizeLinear -> y, as ORT's quantizer writes an activation."""
     inits = [
         numpy_helper.from_array(np.array(scale, np.float32), "x_scale"),
-        numpy_helper.from_array(np.array(zero_point, np.uint8), "x_zero_point"),
+        numpy_helper.from_array(np.array(zero_point, storage), "x_zero_point"),
     ]
     nodes = [
         helper.make_node("QuantizeLinear", ["x", "x_scale", "x_zero_point"], ["x_QuantizeLinear_Output"]),

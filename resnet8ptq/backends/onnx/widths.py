@@ -87,20 +87,23 @@ def narrowed_tensors(model: onnx.ModelProto, tensors: Iterable[str]) -> set[str]
 def clamp_narrow_activations(model: onnx.ModelProto, spec: QuantSpec, narrowed: set[str]) -> None:
     """Insert an integer ``Clip`` to :meth:`DtypeConfig.activation_range` after the ``QuantizeLinear`` of each
     ``narrowed`` activation of ``model`` (:func:`narrowed_tensors`; in place) when activations are narrower
-    than 8 bits: ``QuantizeLinear``
-    rounds and saturates at the int8/uint8 bounds, the Clip then at the narrow ones, which is quantization
-    to the narrow type. The DequantizeLinear keeps its input's name (the Clip's output), so ORT's QDQ node
-    units (DequantizeLinear -> op -> QuantizeLinear) and ``qdq_loss_debug``'s names are unchanged."""
+    than 8 bits, except layers raised to 16 bits: ``QuantizeLinear`` rounds and saturates at the int8/uint8
+    bounds, the Clip then at the narrow ones, which is quantization to the narrow type. The
+    DequantizeLinear keeps its input's name (the Clip's output), so ORT's QDQ node units (DequantizeLinear
+    -> op -> QuantizeLinear) and ``qdq_loss_debug``'s names are unchanged."""
     if spec.dtype.activation_bits not in NARROW_ACTIVATION_BITS:
         return
     qmin, qmax = spec.dtype.activation_range()
     storage = np.dtype(spec.dtype.storage[0])
-    weights = {init.name for init in model.graph.initializer}
+    inits = {init.name: init for init in model.graph.initializer}
     nodes = []
     for node in model.graph.node:
         nodes.append(node)
+        if node.op_type != "QuantizeLinear" or node.input[0] in inits:
+            continue
         quantized = node.input[0].removesuffix(QUANTIZE_INPUT_SUFFIX)
-        if node.op_type != "QuantizeLinear" or node.input[0] in weights or quantized not in narrowed:
+        raised = numpy_helper.to_array(inits[node.input[2]]).dtype != storage
+        if quantized not in narrowed or raised:
             continue
         clamped = node.output[0]
         node.output[0] = f"{clamped}{WIDE_SUFFIX}"
