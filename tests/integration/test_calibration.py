@@ -77,3 +77,33 @@ def test_range_collector_reproduces_ort(
     low, high = collector.compute()
     assert low == pytest.approx(float(ort_low), rel=1e-6, abs=1e-6)
     assert high == pytest.approx(float(ort_high), rel=1e-6)
+
+
+def test_mse_ranges_agree_between_backends_and_clip(
+    canonical_model: CanonicalModel,
+    calibration_images: np.ndarray,
+    onnx_quantized: dict[str, QuantizedModel],
+    tmp_path: Path,
+) -> None:
+    """calib=mse at 4-bit activations: ORT's and the PyTorch recipe's ranges agree tensor by tensor (the same
+    histogram and grid) and clip most tensors well inside the minmax range."""
+    pytest.importorskip("torchao")
+    from resnet8ptq.backends.torch.backend import TorchBackend
+
+    spec = QuantSpec(DtypeConfig("uint8", "int8", activation_bits=4), CalibConfig("mse", num_bins=2048), True)
+    found = {}
+    for backend in (OnnxRuntimeBackend(native=False), TorchBackend(native=False)):
+        quantized = backend.quantize(
+            canonical_model.onnx_path, calibration_images, spec, tmp_path / backend.NAME
+        )
+        found[backend.NAME] = {r.tensor: (r.min, r.max) for r in quantized.ranges}
+    onnx_ranges, torch_ranges = found["onnx"], found["torch"]
+    torch_ranges["input"] = torch_ranges.pop(
+        "model_1/conv2d_1/BiasAdd__6:0"
+    )  # after the NHWC->NCHW transpose
+    assert len(torch_ranges) >= 10 and set(torch_ranges) <= set(onnx_ranges)
+    for name, bounds in torch_ranges.items():  # at most one candidate step (1 % of the data's range) apart
+        np.testing.assert_allclose(bounds, onnx_ranges[name], rtol=0.011, atol=1e-6, err_msg=name)
+    minmax = {r.tensor: (r.min, r.max) for r in onnx_quantized["minmax"].ranges}
+    clipped = [name for name in torch_ranges if onnx_ranges[name][1] < 0.9 * minmax[name][1]]
+    assert len(clipped) >= len(torch_ranges) // 2, clipped

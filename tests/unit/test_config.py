@@ -44,7 +44,7 @@ def test_dtype_group(choice: str, activation: str, weight: str) -> None:
     assert spec.dtype.pair == (activation, weight)
 
 
-@pytest.mark.parametrize("choice", ["minmax", "entropy", "percentile"])
+@pytest.mark.parametrize("choice", ["minmax", "entropy", "percentile", "mse"])
 def test_calib_group(choice: str) -> None:
     spec = quant_spec(composed(f"calib={choice}", "per_channel=true"))
     assert spec.calib.method == choice

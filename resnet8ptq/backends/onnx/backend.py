@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnxruntime as ort
-from onnxruntime.quantization import QuantFormat, create_calibrator, quantize_static
-from onnxruntime.quantization.calibrate import save_tensors_data
+from onnxruntime.quantization import CalibrationMethod, QuantFormat, create_calibrator, quantize_static
+from onnxruntime.quantization.calibrate import TensorData, TensorsData, save_tensors_data
 from onnxruntime.quantization.registry import QDQRegistry, QLinearOpsRegistry
 
 from resnet8ptq.backends.base import Backend, MlflowFlavor, Model, QuantizedModel, Runtime
@@ -28,6 +28,7 @@ from resnet8ptq.backends.onnx.options import cpu_options
 from resnet8ptq.backends.onnx.reader import ImageReader, input_name
 from resnet8ptq.backends.onnx.widths import (
     QUANT_TYPES,
+    activation_qranges,
     clamp_narrow_activations,
     layer_precision,
     narrowed_tensors,
@@ -94,6 +95,20 @@ def kernel_summary(optimized: onnx.ModelProto) -> tuple[bool, str]:
     return True, f"ONNX Runtime runs {share} conv/gemm layers in integer kernels ({listed}{rest})"
 
 
+def mse_ranges(histograms: dict[str, tuple], onnx_path: Path, spec: QuantSpec) -> TensorsData:
+    """``calib=mse``: each tensor's :func:`~resnet8ptq.calibration.mse_range` over the histogram ORT's
+    calibrator collected, for the integer range the tensor is stored in (:func:`activation_qranges`); given
+    to ``quantize_static`` as MinMax data (ranges it takes as they are)."""
+    from resnet8ptq.calibration import mse_range
+
+    qranges = activation_qranges(onnx.load(onnx_path), spec, histograms)
+    data = {}
+    for name, histogram in histograms.items():
+        low, high = mse_range(histogram, qranges[name], spec.calib.symmetric)
+        data[name] = TensorData(lowest=np.float32(low), highest=np.float32(high))
+    return TensorsData(CalibrationMethod.MinMax, data)
+
+
 class OnnxRuntimeBackend(Backend):
     """Quantizes the canonical ONNX model with ``onnxruntime.quantization.quantize_static``."""
 
@@ -124,7 +139,10 @@ class OnnxRuntimeBackend(Backend):
         )
         with contextlib.redirect_stdout(io.StringIO()):  # ORT's histogram calibrators print progress lines
             calibrator.collect_data(ImageReader(calibration_images, spec.calib.batch_size, model_input))
-            tensors_range = calibrator.compute_data()
+            if spec.calib.method == "mse":
+                tensors_range = mse_ranges(calibrator.collector.histogram_dict, onnx_path, spec)
+            else:
+                tensors_range = calibrator.compute_data()
         save_tensors_data(tensors_range, ranges_path)
         ranges = {
             name: (float(np.min(data.range_value[0])), float(np.max(data.range_value[1])))
@@ -142,7 +160,7 @@ class OnnxRuntimeBackend(Backend):
             out,
             calibration_data_reader=None,
             calibration_cache_path=ranges_path,
-            calibrate_method=spec.calib.ort_method(),
+            calibrate_method=tensors_range.calibration_method,
             quant_format=QuantFormat.QDQ,
             activation_type=QUANT_TYPES[spec.dtype.storage[0]],
             weight_type=QUANT_TYPES[spec.dtype.weight],

@@ -14,10 +14,10 @@ import onnx
 from onnx import numpy_helper
 from onnxruntime.quantization import QuantType
 
-from resnet8ptq.dtype import bits_used, ort_scale_zero_point
-from resnet8ptq.layers import model_layers
+from resnet8ptq.dtype import bits_used, integer_range, ort_scale_zero_point
+from resnet8ptq.layers import expected_raised, model_layers
 from resnet8ptq.model import layer_name
-from resnet8ptq.spec import LayerPrecision, QuantSpec
+from resnet8ptq.spec import RAISED_BITS, LayerPrecision, QuantSpec
 from resnet8ptq.weight_grid import channel_axis, quantized_weights, weight_grid
 
 QUANT_TYPES = {
@@ -82,6 +82,26 @@ def narrowed_tensors(model: onnx.ModelProto, tensors: Iterable[str]) -> set[str]
     last = max(i for i, node in enumerate(model.graph.node) if node.op_type in WEIGHTED_OPS)
     head = {name for node in model.graph.node[last:] for name in node.output}
     return set(tensors) - head
+
+
+def activation_qranges(
+    model: onnx.ModelProto, spec: QuantSpec, tensors: Iterable[str]
+) -> dict[str, tuple[int, int]]:
+    """The integer range each calibrated activation (``tensors``) will be stored in: 16 bits for a raised
+    layer's, the storage type's for the logits and what follows (:func:`narrowed_tensors`), else
+    :meth:`DtypeConfig.activation_range`. What ``calib=mse`` fits each range to."""
+    tensors = list(tensors)
+    raised = expected_raised(spec.raised_layers, model)
+    narrowed = narrowed_tensors(model, tensors)
+    storage = spec.dtype.storage[0]
+    full = integer_range(storage, 8 * np.dtype(storage).itemsize, symmetric=False)
+    qranges = {}
+    for name in tensors:
+        if layer_name(name) in raised:
+            qranges[name] = integer_range(spec.raised_storage("activation"), RAISED_BITS, symmetric=False)
+        else:
+            qranges[name] = spec.dtype.activation_range() if name in narrowed else full
+    return qranges
 
 
 def clamp_narrow_activations(model: onnx.ModelProto, spec: QuantSpec, narrowed: set[str]) -> None:

@@ -17,7 +17,8 @@ TORCH_DTYPES = {"int8": torch.int8, "uint8": torch.uint8, "int16": torch.int16, 
 
 
 class OrtActivationObserver(UniformQuantizationObserverBase):
-    """Per-tensor affine activation observer whose range is computed by :class:`RangeCollector`."""
+    """Per-tensor affine activation observer whose range is computed by :class:`RangeCollector` (for
+    ``calib=mse`` fitted to the observer's own integer range)."""
 
     def __init__(
         self, calib: CalibConfig, dtype: torch.dtype, quant_min: int, quant_max: int, **kwargs: Any
@@ -37,7 +38,7 @@ class OrtActivationObserver(UniformQuantizationObserverBase):
     def compute_range(self) -> tuple[float, float]:
         """The calibrated (min, max) of the observed tensor (computed once, then cached)."""
         if self._range is None:
-            self._range = self.collector.compute()
+            self._range = self.collector.compute((self.quant_min, self.quant_max))
         return self._range
 
     def calculate_qparams(self) -> tuple[torch.Tensor, torch.Tensor]:

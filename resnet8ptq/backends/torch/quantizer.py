@@ -220,5 +220,5 @@ def calibrate(prepared: fx.GraphModule, images: np.ndarray, calib: CalibConfig) 
 
 
 def compute_ranges(observers: dict[str, OrtActivationObserver]) -> list[TensorRange]:
-    """Each observer's calibrated range (entropy/percentile histograms are evaluated here)."""
+    """Each observer's calibrated range (entropy/percentile/mse histograms are evaluated here)."""
     return [TensorRange(name, *obs.compute_range()) for name, obs in observers.items()]
