@@ -26,6 +26,9 @@ class DtypeConfig:
     weight: str = MISSING
     activation_bits: int = 8
     weight_bits: int = 8
+    first_last_bits: int | None = None
+    """The papers' convention (BRECQ, QDrop, ...): the first conv and the last dense layer, weights and the
+    activations they read, at this width (null: like the other layers)."""
 
     def __post_init__(self) -> None:
         for role, value in (("activation", self.activation), ("weight", self.weight)):
@@ -35,6 +38,19 @@ class DtypeConfig:
             raise ValueError(f"dtype.weight_bits={self.weight_bits}: expected 2..8.")
         if self.activation_bits not in ACTIVATION_BITS:
             raise ValueError(f"dtype.activation_bits={self.activation_bits}: expected 4..8 or 16.")
+        if self.first_last_bits is not None:
+            rest = max(self.weight_bits, self.activation_bits)
+            if rest > 8:
+                raise ValueError(
+                    f"dtype.first_last_bits={self.first_last_bits}: with {rest}-bit activations the first "
+                    f"and last layers cannot be kept wider than the rest; set dtype.first_last_bits=null."
+                )
+            if not rest <= self.first_last_bits <= 8:
+                raise ValueError(
+                    f"dtype.first_last_bits={self.first_last_bits}: the first and last layers keep at least "
+                    f"the width of the rest (dtype.weight_bits={self.weight_bits}, dtype.activation_bits="
+                    f"{self.activation_bits}) and at most 8 bits; expected null or {rest}..8."
+                )
 
     @property
     def pair(self) -> tuple[str, str]:
@@ -50,10 +66,13 @@ class DtypeConfig:
 
     @property
     def label(self) -> str:
-        """Short name of the types, e.g. ``uint8-int8``, ``uint16-int8``, ``uint6-int4``."""
-        return (
+        """Short name of the types, e.g. ``uint8-int8``, ``uint16-int8``, ``uint6-int4``, ``uint4-int4-fl8``
+        (the first and last layers at 8 bits)."""
+        first_last = f"-fl{self.first_last_bits}" if self.first_last_bits is not None else ""
+        types = (
             f"{type_name(self.activation, self.activation_bits)}-{type_name(self.weight, self.weight_bits)}"
         )
+        return types + first_last
 
     def weight_symmetric(self, per_channel: bool) -> bool:
         """ORT's weight symmetry in QDQ models: symmetric for signed types (``WeightSymmetric``'s default) and
@@ -61,13 +80,17 @@ class DtypeConfig:
         unsigned weights are asymmetric. Both backends follow it."""
         return self.weight == "int8" or per_channel
 
-    def activation_range(self) -> tuple[int, int]:
-        """(qmin, qmax) of activations: asymmetric, as ORT's ``ActivationSymmetric`` default."""
-        return integer_range(self.activation, self.activation_bits, symmetric=False)
+    def activation_range(self, bits: int | None = None) -> tuple[int, int]:
+        """(qmin, qmax) of activations (``bits``: a layer's own width, else ``activation_bits``):
+        asymmetric, as ORT's ``ActivationSymmetric`` default."""
+        return integer_range(self.activation, bits or self.activation_bits, symmetric=False)
 
-    def weight_range(self, symmetric: bool, reduce_range: bool = False) -> tuple[int, int]:
-        """(qmin, qmax) of weights (``reduce_range``: one bit less, as ORT; 8-bit weights only)."""
-        return integer_range(self.weight, self.weight_bits, symmetric, reduce_range)
+    def weight_range(
+        self, symmetric: bool, reduce_range: bool = False, bits: int | None = None
+    ) -> tuple[int, int]:
+        """(qmin, qmax) of weights (``bits``: a layer's own width, else ``weight_bits``; ``reduce_range``: one
+        bit less, as ORT; 8-bit weights only)."""
+        return integer_range(self.weight, bits or self.weight_bits, symmetric, reduce_range)
 
 
 def type_name(signedness: str, bits: int) -> str:

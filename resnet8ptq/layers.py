@@ -1,6 +1,7 @@
 """Layers of the canonical model as both backends and the per-layer SQNR analysis name them, and the rules of
-mixed precision (`raised_layers`): which names exist, which layers take their input's quantization (and so
-follow it when it is raised), and which layers a saved model really holds at 16 bits."""
+layers whose width is not the model's: mixed precision (`raised_layers`: which names exist, which layers take
+their input's quantization and so follow it when it is raised, which layers a saved model really holds at 16
+bits) and the papers' first/last-layer convention (`dtype.first_last_bits`)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ import onnx
 
 from resnet8ptq.errors import RaisedLayerError
 from resnet8ptq.model import layer_name
-from resnet8ptq.spec import RAISED_BITS, LayerPrecision
-from resnet8ptq.weight_grid import quantized_weights
+from resnet8ptq.spec import RAISED_BITS, LayerPrecision, QuantSpec
+from resnet8ptq.weight_grid import WEIGHT_INPUTS, quantized_weights
 
 SHARING_OPS = {"AveragePool", "Flatten", "MaxPool", "Reshape", "Slice", "Squeeze", "Transpose", "Unsqueeze"}
 """Ops whose output ORT quantizes with its input's parameters (``QDQDirect8BitOp``, ``QDQMaxPool``); the
@@ -96,3 +97,72 @@ def raised_in(layers: Iterable[LayerPrecision], activation_bits: int) -> list[st
     per-channel weights, never more), activations wider than 8 bits and than ``dtype.activation_bits``."""
     limit = {"activation": max(8, activation_bits), "weight": 8}
     return [layer.layer for layer in layers if layer.bits > limit[layer.kind]]
+
+
+def first_last_layers(model: onnx.ModelProto) -> set[str]:
+    """The layers the papers' convention keeps wider (``dtype.first_last_bits``): the weights of the first and
+    the last conv/gemm layer and the activations they read, followed back through ops that take their
+    input's quantization (the dense layer reads a flatten of the average pool of the last ReLU: that ReLU
+    and all three) and up to the graph input (a transpose of the image)."""
+    weighted = [node for node in model.graph.node if node.op_type in WEIGHT_INPUTS]
+    layers = set()
+    for node in (weighted[0], weighted[-1]):
+        layers |= {layer_name(node.input[WEIGHT_INPUTS[node.op_type]])} | read_layers(model, node)
+    return layers
+
+
+def wide_layers(model: onnx.ModelProto, spec: QuantSpec) -> set[str]:
+    """The layers at ``dtype.first_last_bits`` (:func:`first_last_layers`; none when it is null)."""
+    return first_last_layers(model) if spec.dtype.first_last_bits is not None else set()
+
+
+def check_first_last(layers: Sequence[LayerPrecision], model: onnx.ModelProto, spec: QuantSpec) -> str | None:
+    """Fail unless a saved model (its ``layers`` read back) holds the first and last layers' weights and at
+    least one activation read by each at ``dtype.first_last_bits``; what it holds there, as the run's tag
+    ``dtype.first_last`` (None without the convention)."""
+    bits = spec.dtype.first_last_bits
+    if bits is None:
+        return None
+    wide = first_last_layers(model)
+    found = [layer for layer in layers if layer.layer in wide]
+    wrong = [f"{layer.kind} {layer.layer}: {layer.bits} bits" for layer in found if layer.bits != bits]
+    weighted = [node for node in model.graph.node if node.op_type in WEIGHT_INPUTS]
+    weights = [layer_name(node.input[WEIGHT_INPUTS[node.op_type]]) for node in (weighted[0], weighted[-1])]
+    missing = [name for name in weights if name not in {layer.layer for layer in found}]
+    read = {layer.layer for layer in found if layer.kind == "activation"}
+    ends = [(weighted[0], "first"), (weighted[-1], "last")]
+    unread = [end for node, end in ends if not read & read_layers(model, node)]
+    problems = [
+        *wrong,
+        *(f"weight {name} not quantized" for name in missing),
+        *(f"no quantized input of the {end} layer" for end in unread),
+    ]
+    if problems:
+        raise RuntimeError(
+            f"dtype.first_last_bits={bits}: the saved model does not hold the first and last layers at "
+            f"{bits} bits: {'; '.join(problems)}."
+        )
+    names = ", ".join(sorted(layer.layer for layer in found))
+    return f"{bits} bits (read back): {names}"
+
+
+def read_layers(model: onnx.ModelProto, node: onnx.NodeProto) -> set[str]:
+    """The activation layers ``node`` reads, back through ops that take their input's quantization."""
+    producers = {tensor: producer for producer in model.graph.node for tensor in producer.output}
+    found, tensor = set(), node.input[0]
+    while True:
+        found.add(layer_name(tensor))
+        producer = producers.get(tensor)
+        if producer is None or producer.op_type not in SHARING_OPS:
+            return expected_raised(found, model)
+        tensor = producer.input[0]
+
+
+def weight_widths(model: onnx.ModelProto, spec: QuantSpec) -> dict[str, int]:
+    """Every conv/gemm weight's width (initializer name -> bits): ``dtype.first_last_bits`` for the first and
+    last layers when set, else ``dtype.weight_bits`` (layers raised to 16 bits are not counted here)."""
+    wide = wide_layers(model, spec)
+    return {
+        name: spec.dtype.first_last_bits if layer_name(name) in wide else spec.dtype.weight_bits
+        for name in quantized_weights(model)
+    }

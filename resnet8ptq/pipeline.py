@@ -37,7 +37,7 @@ from resnet8ptq.device.config import DeviceConfig
 from resnet8ptq.errors import ConfigError, ModelError
 from resnet8ptq.evaluate import Baseline, Evaluation, evaluate_baseline
 from resnet8ptq.execution import evaluate_quantized
-from resnet8ptq.layers import check_raised, expected_raised, raised_in, sharing
+from resnet8ptq.layers import check_first_last, check_raised, expected_raised, raised_in, sharing
 from resnet8ptq.mcu.config import McuConfig, mcu_settings
 from resnet8ptq.mlperf import perf_subset_indices
 from resnet8ptq.model import CanonicalModel, canonical_onnx, conversion_key, resolve_h5
@@ -253,17 +253,20 @@ def quantize_and_evaluate(
     output_dir: Path,
     run_name: str,
 ) -> Quantization:
-    """The PTQ algorithms on the FP32 model (`algo`), the quantization, the check of its layers, and the
-    evaluation of both forms on the full test set."""
+    """The PTQ algorithms on the FP32 model (`algo`), the quantization, the check of its layers (raised,
+    first and last), and the evaluation of both forms on the full test set."""
     prepared = prepare(
         algo, canonical.onnx_path, calibration_images, spec, output_dir / "algo", cfg.data.seed
     )
     source = source_path(backend, canonical, prepared.onnx_path)
     quantized = backend.quantize(source, calibration_images, spec, output_dir / "model")
-    shared = check_layers(quantized, spec, onnx.load(prepared.onnx_path))
+    graph = onnx.load(prepared.onnx_path)
+    shared = check_layers(quantized, spec, graph)
+    first_last = check_first_last(quantized.layers, graph, spec)
     tolerance = cfg.native_tolerance_points
     result = evaluate_quantized(quantized, test_images, test_labels, run_name, tolerance)
-    return Quantization(run_name, prepared, quantized, shared, result)
+    tags = {"dtype.first_last": first_last} if first_last else {}
+    return Quantization(run_name, prepared, quantized, shared, result, tags=tags)
 
 
 def model_record(

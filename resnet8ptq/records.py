@@ -5,7 +5,7 @@ report reads)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -111,6 +111,7 @@ class Quantization:
     shared: dict[str, str]  # which layer takes which one's quantization (layers.sharing)
     result: QuantizedResult
     layer_errors: list[LayerError] | None = None  # computed once, after the evaluation's charts are drawn
+    tags: dict[str, str] = field(default_factory=dict)  # what the checks read back (dtype.first_last)
 
 
 def unquantized(params: Mapping[str, Any], tags: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, str]]:
@@ -218,6 +219,7 @@ def log_quantized(
             **read_back_tags(quantized, made.result),
             **worst_tag,
             **({"mixed_precision.raised": ",".join(raised)} if raised else {}),
+            **made.tags,
             **prepared.tags,
         },
     )

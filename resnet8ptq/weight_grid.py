@@ -58,12 +58,13 @@ def channel_axis(node: onnx.NodeProto) -> int:
     return 0 if node.op_type == "Conv" else 1
 
 
-def weight_grid(weight: np.ndarray, axis: int, spec: QuantSpec) -> WeightGrid:
-    """The grid ``spec`` puts ``weight`` on (``axis``: its output-channel axis)."""
+def weight_grid(weight: np.ndarray, axis: int, spec: QuantSpec, bits: int | None = None) -> WeightGrid:
+    """The grid ``spec`` puts ``weight`` on (``axis``: its output-channel axis; ``bits``: the layer's own
+    width, :func:`resnet8ptq.layers.weight_widths`, else ``dtype.weight_bits``)."""
     from onnxruntime.quantization.quant_utils import compute_scale_zp
 
     symmetric = spec.dtype.weight_symmetric(spec.per_channel)
-    qmin, qmax = spec.dtype.weight_range(symmetric, spec.reduce_range)
+    qmin, qmax = spec.dtype.weight_range(symmetric, spec.reduce_range, bits)
     slices = np.moveaxis(weight, axis, 0) if spec.per_channel else weight[np.newaxis]
     scales, zero_points = [], []
     for values in slices:

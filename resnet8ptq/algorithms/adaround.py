@@ -64,17 +64,19 @@ def adaround(
     import torch
 
     from resnet8ptq.algorithms._graph import layer_inputs, set_initializer
+    from resnet8ptq.layers import weight_widths
     from resnet8ptq.weight_grid import channel_axis, quantized_weights, weight_grid
 
     torch.manual_seed(seed)
     weights = quantized_weights(model)
+    widths = weight_widths(model, spec)
     nodes = [node for node, _ in weights.values()]
     inputs = layer_inputs(model, nodes, images)
     inits = {init.name: init for init in model.graph.initializer}
     flipped = {}
     for node in nodes:
         weight = weights[node.input[1]][1]
-        grid = weight_grid(weight, channel_axis(node), spec)
+        grid = weight_grid(weight, channel_axis(node), spec, widths[node.input[1]])
         integers = _fit(node, weight, grid, inputs[node.input[0]], iterations, batch)
         flipped[node.name] = float(np.mean(integers != grid.quantize(weight)))
         set_initializer(inits[node.input[1]], grid.dequantize(integers))

@@ -37,16 +37,19 @@ def correct_biases(model: onnx.ModelProto, images: np.ndarray, spec: QuantSpec) 
     from onnx import numpy_helper
 
     from resnet8ptq.algorithms._graph import set_initializer
+    from resnet8ptq.layers import weight_widths
     from resnet8ptq.weight_grid import channel_axis, quantized_weights, weight_grid
 
     weights = quantized_weights(model)
+    widths = weight_widths(model, spec)
     layers = [node for node, _ in weights.values() if len(node.input) > 2 and node.input[2]]
     means = _input_window_means(model, layers, images)
     inits = {init.name: init for init in model.graph.initializer}
     moved = {}
     for node in layers:
         weight = weights[node.input[1]][1]
-        error = weight_grid(weight, channel_axis(node), spec).fake_quantize(weight) - weight
+        grid = weight_grid(weight, channel_axis(node), spec, widths[node.input[1]])
+        error = grid.fake_quantize(weight) - weight
         if node.op_type == "Conv":  # E[conv(x, dW)] = sum over (c, kh, kw) of dW * mean of x's window
             shift = np.einsum("ochw,chw->o", error.astype(np.float64), means[node.name])
         else:  # Gemm/MatMul: E[x dW]

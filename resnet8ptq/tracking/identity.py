@@ -45,6 +45,7 @@ GROUP_CHOICES = ("backend", "dtype", "calib", "algo", "device")
 ADDED_DEFAULTS = {
     "dtype.activation_bits": "8",
     "dtype.weight_bits": "8",
+    "dtype.first_last_bits": "None",
     "algo.steps": "[]",
     "raised_layers": "[]",
     "layer_analysis": "True",

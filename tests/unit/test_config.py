@@ -94,6 +94,7 @@ def test_wrong_types_are_rejected(override: str, expected: str) -> None:
         ("native_tolerance_points=-0.1", "native_tolerance_points"),
         ("threads=-3", "threads=-3"),
         ("threads=0", "threads=0"),
+        ("dtype.first_last_bits=9", r"first_last_bits=9: .* expected null or 8..8"),
     ],
 )
 def test_bad_values_are_rejected(override: str, message: str) -> None:

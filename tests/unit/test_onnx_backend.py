@@ -138,7 +138,7 @@ def test_narrow_activations_are_quantized_to_their_range(bits: int, tmp_path: Pa
 
     model = _qdq_model(0.5, 3)
     spec = QuantSpec(DtypeConfig("uint8", "int8", activation_bits=bits), CalibConfig("minmax"))
-    clamp_narrow_activations(model, spec, {"x"})
+    clamp_narrow_activations(model, spec, {"x": bits})
     onnx.checker.check_model(model)
     x = np.linspace(-10, 200, 421, dtype=np.float32)
     expected = (np.clip(np.round(x / 0.5) + 3, 0, 2**bits - 1) - 3) * 0.5  # round half to even, as ONNX
@@ -153,5 +153,5 @@ def test_narrow_activations_are_quantized_to_their_range(bits: int, tmp_path: Pa
 def test_8_bit_activations_get_no_clip() -> None:
 
     model = _qdq_model(0.5, 3)
-    clamp_narrow_activations(model, QuantSpec(DtypeConfig("uint8", "int8"), CalibConfig("minmax")), {"x"})
+    clamp_narrow_activations(model, QuantSpec(DtypeConfig("uint8", "int8"), CalibConfig("minmax")), {"x": 8})
     assert [node.op_type for node in model.graph.node] == ["QuantizeLinear", "DequantizeLinear"]

@@ -29,9 +29,9 @@ from resnet8ptq.backends.onnx.reader import ImageReader, input_name
 from resnet8ptq.backends.onnx.widths import (
     QUANT_TYPES,
     activation_qranges,
+    activation_widths,
     clamp_narrow_activations,
     layer_precision,
-    narrowed_tensors,
     tensor_overrides,
 )
 from resnet8ptq.device.graph import IntegerModel
@@ -170,7 +170,7 @@ class OnnxRuntimeBackend(Backend):
             extra_options={"TensorQuantOverrides": tensor_overrides(fp32, spec, ranges)},
         )
         quantized = onnx.load(out)
-        clamp_narrow_activations(quantized, spec, narrowed_tensors(fp32, ranges))
+        clamp_narrow_activations(quantized, spec, activation_widths(fp32, spec, ranges))
         save_onnx(quantized, out)
         quantize_seconds = time.perf_counter() - start
 

@@ -15,7 +15,7 @@ from onnx import numpy_helper
 from onnxruntime.quantization import QuantType
 
 from resnet8ptq.dtype import bits_used, integer_range, ort_scale_zero_point
-from resnet8ptq.layers import expected_raised, model_layers
+from resnet8ptq.layers import expected_raised, model_layers, weight_widths, wide_layers
 from resnet8ptq.model import layer_name
 from resnet8ptq.spec import RAISED_BITS, LayerPrecision, QuantSpec
 from resnet8ptq.weight_grid import channel_axis, quantized_weights, weight_grid
@@ -48,25 +48,49 @@ def tensor_overrides(
     calibrated ``ranges``), narrow weights (:func:`weight_overrides`) and raised layers
     (:func:`raised_overrides`). 16-bit Q/DQ need no contrib ops: ORT moves such a model to opset 21, where
     they are standard ops (with ``UseQDQContribOps`` ORT's qdq_loss_debug finds no activation to compare)."""
-    narrow = {name: ranges[name] for name in narrowed_tensors(model, ranges)}
     return {
-        **activation_overrides(narrow, spec),
+        **activation_overrides(ranges, activation_widths(model, spec, ranges), spec),
         **weight_overrides(model, spec),
         **raised_overrides(model, spec),
     }
 
 
-def activation_overrides(ranges: dict[str, tuple[float, float]], spec: QuantSpec) -> dict[str, list[dict]]:
-    """For activations narrower than 8 bits: each calibrated tensor's scale and zero point for the narrow
-    range :meth:`DtypeConfig.activation_range` (ORT's formula, as the torch backend's observers), so that
-    ``quantize_static`` maps the calibrated range onto it; :func:`clamp_narrow_activations` then clamps to it.
-    Empty at 8 and 16 bits: ORT computes the same parameters itself."""
-    if spec.dtype.activation_bits not in NARROW_ACTIVATION_BITS:
-        return {}
-    qmin, qmax = spec.dtype.activation_range()
+def activation_widths(model: onnx.ModelProto, spec: QuantSpec, tensors: Iterable[str]) -> dict[str, int]:
+    """The width of each calibrated activation (``tensors``): 16 bits for a raised layer's, the storage
+    type's for the logits and what follows (:func:`narrowed_tensors`), ``dtype.first_last_bits`` for the
+    inputs of the first and last layers when set (:func:`resnet8ptq.layers.first_last_layers`), else
+    ``dtype.activation_bits``."""
+    tensors = list(tensors)
+    raised, wide = expected_raised(spec.raised_layers, model), wide_layers(model, spec)
+    narrowed = narrowed_tensors(model, tensors)
+    storage_bits = 8 * np.dtype(spec.dtype.storage[0]).itemsize
+    widths = {}
+    for name in tensors:
+        if layer_name(name) in raised:
+            widths[name] = RAISED_BITS
+        elif name not in narrowed:
+            widths[name] = storage_bits
+        elif layer_name(name) in wide:
+            widths[name] = spec.dtype.first_last_bits
+        else:
+            widths[name] = spec.dtype.activation_bits
+    return widths
+
+
+def activation_overrides(
+    ranges: dict[str, tuple[float, float]], widths: dict[str, int], spec: QuantSpec
+) -> dict[str, list[dict]]:
+    """For activations narrower than 8 bits (``widths``, :func:`activation_widths`): each calibrated
+    tensor's scale and zero point for its narrow range :meth:`DtypeConfig.activation_range` (ORT's formula,
+    as the torch backend's observers), so that ``quantize_static`` maps the calibrated range onto it;
+    :func:`clamp_narrow_activations` then clamps to it. None at 8 and 16 bits: ORT computes the same
+    parameters itself."""
     storage = np.dtype(spec.dtype.storage[0])
     overrides = {}
     for name, (low, high) in ranges.items():
+        if widths[name] not in NARROW_ACTIVATION_BITS:
+            continue
+        qmin, qmax = spec.dtype.activation_range(widths[name])
         scale, zero_point = ort_scale_zero_point(low, high, qmin, qmax, symmetric=False)
         overrides[name] = [
             {"scale": np.array(scale, np.float32), "zero_point": np.array(zero_point, storage)}
@@ -87,33 +111,22 @@ def narrowed_tensors(model: onnx.ModelProto, tensors: Iterable[str]) -> set[str]
 def activation_qranges(
     model: onnx.ModelProto, spec: QuantSpec, tensors: Iterable[str]
 ) -> dict[str, tuple[int, int]]:
-    """The integer range each calibrated activation (``tensors``) will be stored in: 16 bits for a raised
-    layer's, the storage type's for the logits and what follows (:func:`narrowed_tensors`), else
-    :meth:`DtypeConfig.activation_range`. What ``calib=mse`` fits each range to."""
-    tensors = list(tensors)
-    raised = expected_raised(spec.raised_layers, model)
-    narrowed = narrowed_tensors(model, tensors)
-    storage = spec.dtype.storage[0]
-    full = integer_range(storage, 8 * np.dtype(storage).itemsize, symmetric=False)
+    """The integer range each calibrated activation (``tensors``) will be stored in, by its width
+    (:func:`activation_widths`): what ``calib=mse`` fits each range to."""
     qranges = {}
-    for name in tensors:
-        if layer_name(name) in raised:
-            qranges[name] = integer_range(spec.raised_storage("activation"), RAISED_BITS, symmetric=False)
-        else:
-            qranges[name] = spec.dtype.activation_range() if name in narrowed else full
+    for name, bits in activation_widths(model, spec, tensors).items():
+        signedness = spec.raised_storage("activation") if bits == RAISED_BITS else spec.dtype.activation
+        qranges[name] = integer_range(signedness, bits, symmetric=False)
     return qranges
 
 
-def clamp_narrow_activations(model: onnx.ModelProto, spec: QuantSpec, narrowed: set[str]) -> None:
-    """Insert an integer ``Clip`` to :meth:`DtypeConfig.activation_range` after the ``QuantizeLinear`` of each
-    ``narrowed`` activation of ``model`` (:func:`narrowed_tensors`; in place) when activations are narrower
-    than 8 bits, except layers raised to 16 bits: ``QuantizeLinear`` rounds and saturates at the int8/uint8
-    bounds, the Clip then at the narrow ones, which is quantization to the narrow type. The
+def clamp_narrow_activations(model: onnx.ModelProto, spec: QuantSpec, widths: dict[str, int]) -> None:
+    """Insert an integer ``Clip`` to :meth:`DtypeConfig.activation_range` of its width after the
+    ``QuantizeLinear`` of each activation of ``model`` narrower than 8 bits (``widths``: the calibrated
+    tensors', :func:`activation_widths`; in place): ``QuantizeLinear`` rounds and saturates at the
+    int8/uint8 bounds, the Clip then at the narrow ones, which is quantization to the narrow type. The
     DequantizeLinear keeps its input's name (the Clip's output), so ORT's QDQ node units (DequantizeLinear
     -> op -> QuantizeLinear) and ``qdq_loss_debug``'s names are unchanged."""
-    if spec.dtype.activation_bits not in NARROW_ACTIVATION_BITS:
-        return
-    qmin, qmax = spec.dtype.activation_range()
     storage = np.dtype(spec.dtype.storage[0])
     inits = {init.name: init for init in model.graph.initializer}
     nodes = []
@@ -123,8 +136,9 @@ def clamp_narrow_activations(model: onnx.ModelProto, spec: QuantSpec, narrowed: 
             continue
         quantized = node.input[0].removesuffix(QUANTIZE_INPUT_SUFFIX)
         raised = numpy_helper.to_array(inits[node.input[2]]).dtype != storage
-        if quantized not in narrowed or raised:
+        if widths.get(quantized) not in NARROW_ACTIVATION_BITS or raised:
             continue
+        qmin, qmax = spec.dtype.activation_range(widths[quantized])
         clamped = node.output[0]
         node.output[0] = f"{clamped}{WIDE_SUFFIX}"
         bounds = [f"{clamped}_clip_min", f"{clamped}_clip_max"]
@@ -155,17 +169,16 @@ def raised_overrides(model: onnx.ModelProto, spec: QuantSpec) -> dict[str, list[
 
 def weight_overrides(model: onnx.ModelProto, spec: QuantSpec) -> dict[str, list[dict]]:
     """ORT ``TensorQuantOverrides`` giving every conv/gemm weight the scale and zero point of its
-    ``spec.dtype.weight_bits`` range (:func:`resnet8ptq.weight_grid.weight_grid`, ORT's own formula), per
-    tensor or per channel. Empty for 8-bit weights: ORT computes the same parameters itself. Raised
-    weights are left to :func:`raised_overrides`."""
-    if spec.dtype.weight_bits == 8:
-        return {}
+    width's range (:func:`resnet8ptq.layers.weight_widths`, :func:`resnet8ptq.weight_grid.weight_grid`,
+    ORT's own formula), per tensor or per channel. None for 8-bit weights: ORT computes the same parameters
+    itself. Raised weights are left to :func:`raised_overrides`."""
     quant_type = QUANT_TYPES[spec.dtype.weight]
+    widths = weight_widths(model, spec)
     overrides: dict[str, list[dict]] = {}
     for name, (node, weight) in quantized_weights(model).items():
-        if layer_name(name) in spec.raised_layers:
+        if layer_name(name) in spec.raised_layers or widths[name] == 8:
             continue
-        grid = weight_grid(weight, channel_axis(node), spec)
+        grid = weight_grid(weight, channel_axis(node), spec, widths[name])
         params = [
             {"scale": scale, "zero_point": int(zero_point), "quant_type": quant_type}
             for scale, zero_point in zip(grid.scale, grid.zero_point, strict=True)

@@ -1,5 +1,5 @@
-"""The PT2E quantizer (X86InductorQuantizer with ORT-equivalent observers, layers raised to 16 bits by their
-annotations) and calibration of a model."""
+"""The PT2E quantizer (X86InductorQuantizer with ORT-equivalent observers, layers raised to 16 bits and the
+first and last layers at ``dtype.first_last_bits`` by their annotations) and calibration of a model."""
 
 from __future__ import annotations
 
@@ -71,9 +71,10 @@ class OrtAlignedX86Quantizer(X86InductorQuantizer):
     """X86InductorQuantizer, except that a zero pad feeding a quantized op is quantized with its input's
     parameters (onnx2torch splits ONNX's asymmetric Conv padding into pad + conv; ORT calibrates the
     Conv input, the unpadded tensor, so the torch range must come from the unpadded tensor too), and that
-    the raised layers (``raised``: their 16-bit specs by layer name) are annotated with those specs; each of
-    ``required`` must be found (the others are layers that take their quantization, e.g. a reshape of it,
-    which the X86 recipe may quantize on its own: raised too, as ORT's shared parameters raise them).
+    the layers of their own width (``layer_specs`` by layer name: raised to 16 bits, the first and last
+    layers at ``dtype.first_last_bits``) are annotated with those specs; each of ``required`` must be found
+    (the others are layers that take their quantization, e.g. a reshape of it, which the X86 recipe may
+    quantize on its own: given the same width, as ORT's shared parameters give it).
 
     ``onnx_outputs`` maps each ONNX node name to its output tensor, ``weight_layers`` each conv/gemm node name
     to its weight's layer name: how the annotated edges are named.
@@ -83,21 +84,21 @@ class OrtAlignedX86Quantizer(X86InductorQuantizer):
         self,
         onnx_outputs: dict[str, str] | None = None,
         weight_layers: dict[str, str] | None = None,
-        raised: dict[str, QuantizationSpec] | None = None,
+        layer_specs: dict[str, QuantizationSpec] | None = None,
         required: frozenset[str] = frozenset(),
     ) -> None:
         super().__init__()
         self.onnx_outputs = onnx_outputs or {}
         self.weight_layers = weight_layers or {}
-        self.raised = raised or {}
+        self.layer_specs = layer_specs or {}
         self.required = required
 
     def annotate(self, model: fx.GraphModule) -> fx.GraphModule:
         super().annotate(model)
         for pad in [n for n in model.graph.nodes if is_zero_pad(n)]:
             self._share_through_pad(pad)
-        if self.raised:
-            self._raise(model)
+        if self.layer_specs:
+            self._annotate_widths(model)
         return model
 
     def layer_nodes(self, graph: fx.Graph) -> dict[str, tuple[str, str]]:
@@ -112,9 +113,9 @@ class OrtAlignedX86Quantizer(X86InductorQuantizer):
                 found[node.name] = ("weight", self.weight_layers.get(onnx_module(node) or "", node.name))
         return found
 
-    def _raise(self, model: fx.GraphModule) -> None:
-        """Give every edge of a raised layer its 16-bit spec: the activation where its consumers quantize it
-        (edges that share another's parameters follow it), the weight where its conv/linear reads it."""
+    def _annotate_widths(self, model: fx.GraphModule) -> None:
+        """Give every edge of a layer of its own width its spec: the activation where its consumers quantize
+        it (edges that share another's parameters follow it), the weight where its conv/linear reads it."""
         done: set[str] = set()
         for node in model.graph.nodes:
             annotation = node.meta.get(QUANT_ANNOTATION_KEY)
@@ -127,13 +128,14 @@ class OrtAlignedX86Quantizer(X86InductorQuantizer):
                     name = self.weight_layers.get(onnx_module(node) or "")
                 else:
                     name = layer_name(tensor_name(source, self.onnx_outputs))
-                if name in self.raised:
-                    annotation.input_qspec_map[source] = self.raised[name]
+                if name in self.layer_specs:
+                    annotation.input_qspec_map[source] = self.layer_specs[name]
                     done.add(name)
         missing = sorted(set(self.required) - done)
         if missing:
             raise Unsupported(
-                f"raised_layers: {missing} are not quantized by the PyTorch recipe (X86InductorQuantizer); "
+                f"raised_layers or dtype.first_last_bits: {missing} are not quantized by the PyTorch recipe "
+                f"(X86InductorQuantizer); "
                 f"analysis/layer_sqnr.csv of a torch run lists the layers it quantizes."
             )
 
@@ -155,27 +157,39 @@ class OrtAlignedX86Quantizer(X86InductorQuantizer):
 
 
 def make_quantizer(spec: QuantSpec, onnx_path: Path) -> OrtAlignedX86Quantizer:
-    """X86InductorQuantizer (conv/linear/add/relu fusion patterns) with the spec's config, and 16-bit specs
-    for the spec's raised layers (names of ``onnx_path``'s layers)."""
+    """X86InductorQuantizer (conv/linear/add/relu fusion patterns) with the spec's config, 16-bit specs for
+    the spec's raised layers and ``dtype.first_last_bits`` specs for the first and last layers (names of
+    ``onnx_path``'s layers)."""
     import onnx
 
-    from resnet8ptq.layers import expected_raised, model_layers
+    from resnet8ptq.layers import expected_raised, model_layers, wide_layers
     from resnet8ptq.weight_grid import quantized_weights
 
     graph_model = onnx.load(str(onnx_path))
     layers = model_layers(graph_model)
-    raised = {}
+    specs = {}
+    first_last = spec.dtype.first_last_bits
+    for name in wide_layers(graph_model, spec) & set(layers):  # not the graph input: torch sees its transpose
+        if layers[name].kind == "activation":
+            specs[name] = activation_qspec(
+                spec, spec.dtype.storage[0], spec.dtype.activation_range(first_last)
+            )
+        else:
+            symmetric = spec.dtype.weight_symmetric(spec.per_channel)
+            qrange = spec.dtype.weight_range(symmetric, spec.reduce_range, first_last)
+            specs[name] = weight_qspec(spec, spec.dtype.weight, qrange)
     for name in expected_raised(spec.raised_layers, graph_model):
         storage = spec.raised_storage(layers[name].kind)
         if layers[name].kind == "activation":
             qrange = integer_range(storage, RAISED_BITS, symmetric=False)
-            raised[name] = activation_qspec(spec, storage, qrange)
+            specs[name] = activation_qspec(spec, storage, qrange)
         else:
-            raised[name] = weight_qspec(spec, storage, integer_range(storage, RAISED_BITS, True), True)
+            specs[name] = weight_qspec(spec, storage, integer_range(storage, RAISED_BITS, True), True)
     onnx_outputs = {node.name: node.output[0] for node in graph_model.graph.node}
     weights = quantized_weights(graph_model)
     weight_layers = {node.name: layer_name(name) for name, (node, _) in weights.items()}
-    quantizer = OrtAlignedX86Quantizer(onnx_outputs, weight_layers, raised, frozenset(spec.raised_layers))
+    required = frozenset(spec.raised_layers) | {name for name in specs if layers[name].kind == "weight"}
+    quantizer = OrtAlignedX86Quantizer(onnx_outputs, weight_layers, specs, required)
     return quantizer.set_global(quantization_config(spec))
 
 
