@@ -42,6 +42,7 @@ EMPTY_COLUMNS = [
     "weight",
     "activation_bits",
     "weight_bits",
+    "first_last_bits",
     "calib",
     "algo",
     "per_channel",
@@ -116,6 +117,10 @@ def runs_frame(runs: Iterable[Run]) -> pd.DataFrame:
             dtype = activation if activation == weight else f"{activation}/{weight}"
         if bits != [8, 8] and dtype != f"a{bits[0]}w{bits[1]}":
             dtype += f" a{bits[0]}w{bits[1]}"  # widths set apart from the choice
+        # The papers' convention, read back (tag "8 bits (read back): conv2d_1, ..."): "8", or "".
+        first_last = tags.get("dtype.first_last", "").split(" bits", 1)[0]
+        if first_last:
+            dtype += f" fl{first_last}"
         per_channel = (tags.get("per_channel") or params.get("per_channel", "?")).lower()
         machine = Hardware.from_tags(tags)
         raised = tags.get("mixed_precision.raised", "")
@@ -132,6 +137,7 @@ def runs_frame(runs: Iterable[Run]) -> pd.DataFrame:
                 "weight": weight,
                 "activation_bits": bits[0] if quantized else 32,
                 "weight_bits": bits[1] if quantized else 32,
+                "first_last_bits": first_last,
                 "calib": (tags.get("calib") or params.get("calib", "?")) if made_here else "",
                 "algo": (tags.get("algo") or params.get("algo") or "none") if made_here else "",
                 "per_channel": per_channel if made_here else "",

@@ -28,11 +28,12 @@ def accuracy_map_section(report: Report) -> list[str]:
         "columns": pd.Index(sorted(table["activation_bits"].unique()), name="activation_bits"),
     }
     maps, kinds, section = {}, {}, ["## Accuracy by bit width"]
-    for (backend, types, per_channel, calib, reduced), group in table.groupby(
-        ["backend", signedness, "per_channel", "calib", "reduce_range"], sort=True
+    for (backend, types, per_channel, calib, reduced, first_last), group in table.groupby(
+        ["backend", signedness, "per_channel", "calib", "reduce_range", "first_last_bits"], sort=True
     ):
         granularity = "per-channel" if per_channel == "true" else "per-tensor"
         title = f"{backend} {types} {calib} {granularity}" + (" reduce-range" if reduced == "true" else "")
+        title += f", first and last layers at {first_last} bits" if first_last else ""
         cells = group.drop_duplicates(["activation_bits", "weight_bits"]).set_index(
             ["weight_bits", "activation_bits"]
         )

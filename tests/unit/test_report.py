@@ -462,8 +462,11 @@ def test_accuracy_map_of_a_bit_width_sweep(tmp_path: Path) -> None:
     rows = [
         {"backend": backend, "activation": "uint8", "weight": "int8", "activation_bits": a, "weight_bits": w,
          "per_channel": "true", "calib": "minmax", "reduce_range": "false", "quantized": True,
-         "accuracy_pct": 80.0 + a + w / 10, "execution": "native" if a == 8 else "simulated"}
-        for backend, cells in (("onnx", [(8, 4), (8, 8)]), ("torch", [(6, 4), (8, 4), (8, 8)]))
+         "accuracy_pct": 80.0 + a + w / 10, "execution": "native" if a == 8 else "simulated",
+         "first_last_bits": first_last}
+        for backend, cells, first_last in (
+            ("onnx", [(8, 4), (8, 8)], ""), ("torch", [(6, 4), (8, 4), (8, 8)], ""), ("torch", [(4, 4)], "8")
+        )
         for a, w in cells
     ]  # fmt: skip
     table = pd.DataFrame(rows)
@@ -473,8 +476,10 @@ def test_accuracy_map_of_a_bit_width_sweep(tmp_path: Path) -> None:
         "**torch uint/int minmax per-channel** (accuracy %; N native, N! native-mismatch, S simulated" in text
     )
     torch_map = text[text.index("**torch") :]
-    assert "| 8 | - | 88.8 N |\n| 4 | 86.4 S | 88.4 N |" in torch_map  # weight bits down, activation across
-    assert "| 8 | - | 88.8 N |\n| 4 | - | 88.4 N |" in text  # onnx: 8-bit activations only, on the same axes
+    assert "| 8 | - | - | 88.8 N |\n| 4 | - | 86.4 S | 88.4 N |" in torch_map  # weight bits down, activation across
+    assert "| 8 | - | - | 88.8 N |\n| 4 | - | - | 88.4 N |" in text  # onnx: 8-bit activations only, on the same axes
+    convention = text[text.index("**torch uint/int minmax per-channel, first and last layers at 8 bits**") :]
+    assert "| 4 | 84.4 S | - | - |" in convention  # a panel of its own: the papers' convention
     assert [drawing.path() for drawing in report_.images] == [tmp_path / figures.ACCURACY_MAP_PNG]
     assert (tmp_path / figures.ACCURACY_MAP_PNG).stat().st_size > 10_000
     one_width = table[(table["activation_bits"] == 8) & (table["weight_bits"] == 8)]
