@@ -5,6 +5,7 @@ the transformed model."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -126,3 +127,49 @@ def test_torch_inherits_the_algorithm(prepared, onnx_accuracy, data, tmp_path: P
     quantized = TorchBackend().quantize(prepared["adaround"].onnx_path, calibration, W4_PER_TENSOR, tmp_path)
     accuracy = evaluate_quantized(quantized, images, labels, "torch adaround", 0.3).reference.accuracy
     assert abs(accuracy - onnx_accuracy["adaround"]) <= 0.01
+
+
+# AdaRound in a fresh process with another thread count and hash seed: writes the model it learned.
+ADAROUND_AGAIN = """
+import sys
+import os
+from pathlib import Path
+import numpy as np, torch
+from resnet8ptq.algorithms import AlgoConfig, prepare
+from resnet8ptq.calibration import CalibConfig
+from resnet8ptq.dtype import DtypeConfig
+from resnet8ptq.spec import QuantSpec
+torch.set_num_threads(int(sys.argv[4]))
+spec = QuantSpec(DtypeConfig("int8", "int8", weight_bits=4), CalibConfig("minmax"))
+algo = AlgoConfig(["adaround"], adaround_iterations=100)
+prepare(algo, Path(sys.argv[1]), np.load(sys.argv[2]), spec, Path(sys.argv[3]), seed=42)
+"""
+
+
+def test_adaround_learns_the_same_model_twice(canonical_model: CanonicalModel, data, tmp_path: Path) -> None:
+    """The same settings and seed give the same learned weights, bit for bit, in another process with another
+    thread count (100 iterations per layer: the same code path as 1000). Across CPU kinds they differ:
+    docs/algorithms.md#reproducibility."""
+    import subprocess
+    import sys
+
+    import torch
+
+    np.save(tmp_path / "calibration.npy", data[0])
+    algo = AlgoConfig(["adaround"], adaround_iterations=100)
+    here = prepare(algo, canonical_model.onnx_path, data[0], W4_PER_TENSOR, tmp_path / "here", seed=42)
+    threads = 1 if torch.get_num_threads() > 1 else 2
+    args = [str(canonical_model.onnx_path), str(tmp_path / "calibration.npy"), str(tmp_path / "there")]
+    subprocess.run(
+        [sys.executable, "-c", ADAROUND_AGAIN, *args, str(threads)],
+        check=True,
+        env={**os.environ, "PYTHONHASHSEED": "7"},
+        timeout=600,
+    )
+    ours, theirs = (
+        quantized_weights(onnx.load(path))
+        for path in (here.onnx_path, tmp_path / "there" / here.onnx_path.name)
+    )
+    assert ours.keys() == theirs.keys()
+    for name in ours:
+        np.testing.assert_array_equal(ours[name][1], theirs[name][1], err_msg=name)

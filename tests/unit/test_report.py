@@ -476,8 +476,12 @@ def test_accuracy_map_of_a_bit_width_sweep(tmp_path: Path) -> None:
         "**torch uint/int minmax per-channel** (accuracy %; N native, N! native-mismatch, S simulated" in text
     )
     torch_map = text[text.index("**torch") :]
-    assert "| 8 | - | - | 88.8 N |\n| 4 | - | 86.4 S | 88.4 N |" in torch_map  # weight bits down, activation across
-    assert "| 8 | - | - | 88.8 N |\n| 4 | - | - | 88.4 N |" in text  # onnx: 8-bit activations only, on the same axes
+    assert (
+        "| 8 | - | - | 88.8 N |\n| 4 | - | 86.4 S | 88.4 N |" in torch_map
+    )  # weight bits down, activation across
+    assert (
+        "| 8 | - | - | 88.8 N |\n| 4 | - | - | 88.4 N |" in text
+    )  # onnx: 8-bit activations only, on the same axes
     convention = text[text.index("**torch uint/int minmax per-channel, first and last layers at 8 bits**") :]
     assert "| 4 | 84.4 S | - | - |" in convention  # a panel of its own: the papers' convention
     assert [drawing.path() for drawing in report_.images] == [tmp_path / figures.ACCURACY_MAP_PNG]
