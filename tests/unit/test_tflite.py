@@ -29,7 +29,7 @@ MINMAX = CalibConfig("minmax")
 
 
 def spec(activation: str = "int8", weight: str = "int8", **kwargs) -> QuantSpec:
-    bits = {k: kwargs.pop(k) for k in ("activation_bits", "weight_bits") if k in kwargs}
+    bits = {k: kwargs.pop(k) for k in ("activation_bits", "weight_bits", "first_last_bits") if k in kwargs}
     return QuantSpec(DtypeConfig(activation, weight, **bits), kwargs.pop("calib", MINMAX), **kwargs)
 
 
@@ -66,6 +66,8 @@ def test_what_the_converter_makes_is_accepted(accepted: QuantSpec) -> None:
         ),
         (spec(calib=CalibConfig("minmax", symmetric=True)), "calib.symmetric=true cannot be expressed"),
         (spec(raised_layers=("activation_6_1/Relu",)), "no mixed precision (raised_layers)"),
+        (spec(first_last_bits=8), "no layer of its own width (dtype.first_last_bits)"),
+        (spec(calib=CalibConfig("mse", num_bins=2048)), "has no mse calibration"),
     ],
 )
 def test_refusals_name_what_it_runs(refused: QuantSpec, reason: str) -> None:

@@ -73,6 +73,11 @@ def check_spec(spec: QuantSpec) -> None:
             f"{CAN_RUN}; no mixed precision (raised_layers): its converter quantizes every layer to one "
             f"mode. Use raised_layers=[]."
         )
+    if dtype.first_last_bits is not None:
+        raise Unsupported(
+            f"{CAN_RUN}; no layer of its own width (dtype.first_last_bits): its converter quantizes every "
+            f"layer to one mode. Use dtype.first_last_bits=null."
+        )
     if spec.calib.symmetric:
         raise Unsupported(
             f"{CAN_RUN}: its int8 activations are asymmetric (a zero point per tensor), so "
