@@ -145,4 +145,5 @@ def check_device(device: DeviceConfig, spec: QuantSpec) -> None:
             f"{spec.dtype.activation_bits}, raised_layers={list(spec.raised_layers)}): the integer form "
             "covers 8-bit activations only."
         )
-    device.check_weights(spec.dtype.weight, spec.dtype.weight_bits)
+    # The widest weights must fit the cells: the first and last layers' (dtype.first_last_bits) when set.
+    device.check_weights(spec.dtype.weight, max(spec.dtype.weight_bits, spec.dtype.first_last_bits or 0))

@@ -110,6 +110,10 @@ def test_bad_values_are_rejected(override: str, message: str) -> None:
         (["algo.steps=[bias_correction,cle]"], "in the order cle, adaround, bias_correction"),
         (["algo=adaround", "algo.adaround_iterations=0"], "expected positive numbers"),
         (["target.max_drop_points=0.5", "layer_analysis=false"], "with layer_analysis=false"),
+        (  # cells sized for the 4-bit layers cannot hold the first and last layers' 8-bit weights
+            ["device=cim", "device.bits_per_cell=3", "dtype.weight_bits=4", "dtype.first_last_bits=8"],
+            "8-bit int8 weights need 7",
+        ),
     ],
 )
 def test_bad_combinations_are_refused_by_name(overrides: list[str], message: str) -> None:
