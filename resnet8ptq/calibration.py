@@ -171,5 +171,5 @@ def mse_range(
         s, z = scale[start : start + 256, None], zero_point[start : start + 256, None]
         dequantized = (np.clip(np.round(centres / s) + z, qmin, qmax) - z) * s
         errors[start : start + 256] = ((centres - dequantized) ** 2 * weights).sum(axis=1)
-    best = int(np.flatnonzero(errors <= errors.min())[-1])  # the last of equals: the widest
+    best = int(np.flatnonzero(errors <= errors.min())[-1])  # the last of equals: the larger ends
     return float(candidates[best][0]), float(candidates[best][1])

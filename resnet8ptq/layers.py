@@ -104,11 +104,21 @@ def first_last_layers(model: onnx.ModelProto) -> set[str]:
     the last conv/gemm layer and the activations they read, followed back through ops that take their
     input's quantization (the dense layer reads a flatten of the average pool of the last ReLU: that ReLU
     and all three) and up to the graph input (a transpose of the image)."""
-    weighted = [node for node in model.graph.node if node.op_type in WEIGHT_INPUTS]
     layers = set()
-    for node in (weighted[0], weighted[-1]):
-        layers |= {layer_name(node.input[WEIGHT_INPUTS[node.op_type]])} | read_layers(model, node)
+    for node in end_layers(model).values():
+        layers |= {weight_layer(node)} | read_layers(model, node)
     return layers
+
+
+def end_layers(model: onnx.ModelProto) -> dict[str, onnx.NodeProto]:
+    """The first and the last conv/gemm node, as ``{"first": ..., "last": ...}``."""
+    weighted = [node for node in model.graph.node if node.op_type in WEIGHT_INPUTS]
+    return {"first": weighted[0], "last": weighted[-1]}
+
+
+def weight_layer(node: onnx.NodeProto) -> str:
+    """The layer name of a conv/gemm node's weight."""
+    return layer_name(node.input[WEIGHT_INPUTS[node.op_type]])
 
 
 def wide_layers(model: onnx.ModelProto, spec: QuantSpec) -> set[str]:
@@ -126,12 +136,11 @@ def check_first_last(layers: Sequence[LayerPrecision], model: onnx.ModelProto, s
     wide = first_last_layers(model)
     found = [layer for layer in layers if layer.layer in wide]
     wrong = [f"{layer.kind} {layer.layer}: {layer.bits} bits" for layer in found if layer.bits != bits]
-    weighted = [node for node in model.graph.node if node.op_type in WEIGHT_INPUTS]
-    weights = [layer_name(node.input[WEIGHT_INPUTS[node.op_type]]) for node in (weighted[0], weighted[-1])]
-    missing = [name for name in weights if name not in {layer.layer for layer in found}]
+    ends = end_layers(model)
+    held = {layer.layer for layer in found}
+    missing = [weight_layer(node) for node in ends.values() if weight_layer(node) not in held]
     read = {layer.layer for layer in found if layer.kind == "activation"}
-    ends = [(weighted[0], "first"), (weighted[-1], "last")]
-    unread = [end for node, end in ends if not read & read_layers(model, node)]
+    unread = [end for end, node in ends.items() if not read & read_layers(model, node)]
     problems = [
         *wrong,
         *(f"weight {name} not quantized" for name in missing),

@@ -95,13 +95,13 @@ def kernel_summary(optimized: onnx.ModelProto) -> tuple[bool, str]:
     return True, f"ONNX Runtime runs {share} conv/gemm layers in integer kernels ({listed}{rest})"
 
 
-def mse_ranges(histograms: dict[str, tuple], onnx_path: Path, spec: QuantSpec) -> TensorsData:
+def mse_ranges(histograms: dict[str, tuple], fp32: onnx.ModelProto, spec: QuantSpec) -> TensorsData:
     """``calib=mse``: each tensor's :func:`~resnet8ptq.calibration.mse_range` over the histogram ORT's
     calibrator collected, for the integer range the tensor is stored in (:func:`activation_qranges`); given
     to ``quantize_static`` as MinMax data (ranges it takes as they are)."""
     from resnet8ptq.calibration import mse_range
 
-    qranges = activation_qranges(onnx.load(onnx_path), spec, histograms)
+    qranges = activation_qranges(fp32, spec, histograms)
     data = {}
     for name, histogram in histograms.items():
         low, high = mse_range(histogram, qranges[name], spec.calib.symmetric)
@@ -128,6 +128,7 @@ class OnnxRuntimeBackend(Backend):
         # model would delete each other's file, so each run quantizes its own copy.
         onnx_path = Path(shutil.copy(onnx_path, workdir / "model_fp32.onnx"))
         model_input = input_name(onnx_path)
+        fp32 = onnx.load(onnx_path)
 
         start = time.perf_counter()
         calibrator = create_calibrator(
@@ -140,7 +141,7 @@ class OnnxRuntimeBackend(Backend):
         with contextlib.redirect_stdout(io.StringIO()):  # ORT's histogram calibrators print progress lines
             calibrator.collect_data(ImageReader(calibration_images, spec.calib.batch_size, model_input))
             if spec.calib.method == "mse":
-                tensors_range = mse_ranges(calibrator.collector.histogram_dict, onnx_path, spec)
+                tensors_range = mse_ranges(calibrator.collector.histogram_dict, fp32, spec)
             else:
                 tensors_range = calibrator.compute_data()
         save_tensors_data(tensors_range, ranges_path)
@@ -153,7 +154,7 @@ class OnnxRuntimeBackend(Backend):
         calib_seconds = time.perf_counter() - start
 
         start = time.perf_counter()
-        fp32 = onnx.load(onnx_path)
+        widths = activation_widths(fp32, spec, ranges)
         out = workdir / "model_quantized.onnx"
         quantize_static(
             onnx_path,
@@ -167,10 +168,10 @@ class OnnxRuntimeBackend(Backend):
             per_channel=spec.per_channel,
             reduce_range=spec.reduce_range,
             op_types_to_quantize=OP_TYPES,
-            extra_options={"TensorQuantOverrides": tensor_overrides(fp32, spec, ranges)},
+            extra_options={"TensorQuantOverrides": tensor_overrides(fp32, spec, ranges, widths)},
         )
         quantized = onnx.load(out)
-        clamp_narrow_activations(quantized, spec, activation_widths(fp32, spec, ranges))
+        clamp_narrow_activations(quantized, spec, widths)
         save_onnx(quantized, out)
         quantize_seconds = time.perf_counter() - start
 

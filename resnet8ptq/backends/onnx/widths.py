@@ -42,14 +42,15 @@ WIDE_SUFFIX = "_unclipped"
 
 
 def tensor_overrides(
-    model: onnx.ModelProto, spec: QuantSpec, ranges: dict[str, tuple[float, float]]
+    model: onnx.ModelProto, spec: QuantSpec, ranges: dict[str, tuple[float, float]], widths: dict[str, int]
 ) -> dict[str, list[dict]]:
     """ORT ``TensorQuantOverrides`` for the spec: narrow activations (:func:`activation_overrides`, from the
-    calibrated ``ranges``), narrow weights (:func:`weight_overrides`) and raised layers
-    (:func:`raised_overrides`). 16-bit Q/DQ need no contrib ops: ORT moves such a model to opset 21, where
-    they are standard ops (with ``UseQDQContribOps`` ORT's qdq_loss_debug finds no activation to compare)."""
+    calibrated ``ranges`` and their ``widths``, :func:`activation_widths`), narrow weights
+    (:func:`weight_overrides`) and raised layers (:func:`raised_overrides`). 16-bit Q/DQ need no contrib
+    ops: ORT moves such a model to opset 21, where they are standard ops (with ``UseQDQContribOps`` ORT's
+    qdq_loss_debug finds no activation to compare)."""
     return {
-        **activation_overrides(ranges, activation_widths(model, spec, ranges), spec),
+        **activation_overrides(ranges, widths, spec),
         **weight_overrides(model, spec),
         **raised_overrides(model, spec),
     }
