@@ -259,7 +259,7 @@ def quantize_and_evaluate(
         algo, canonical.onnx_path, calibration_images, spec, output_dir / "algo", cfg.data.seed
     )
     source = source_path(backend, canonical, prepared.onnx_path)
-    quantized = backend.quantize(source, calibration_images, spec, output_dir / "model")
+    quantized = backend.quantize(source, calibration_images, prepared.learned(spec), output_dir / "model")
     graph = onnx.load(prepared.onnx_path)
     shared = check_layers(quantized, spec, graph)
     first_last = check_first_last(quantized.layers, graph, spec)

@@ -28,6 +28,9 @@ class QuantSpec:
     per_channel: bool = False
     reduce_range: bool = False  # weights in 7 bits (ORT's reduce_range): no u8s8 saturation without VNNI
     raised_layers: tuple[str, ...] = ()
+    learned_ranges: tuple[TensorRange, ...] = ()
+    """Activation ranges an `algo` step learned (block reconstruction): the backend stores these tensors
+    with them instead of calibrating them."""
 
     def __post_init__(self) -> None:
         if self.reduce_range and self.dtype.weight_bits != 8:

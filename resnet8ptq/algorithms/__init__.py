@@ -31,7 +31,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
 from resnet8ptq.algorithms.base import Algorithm, Context, registered
-from resnet8ptq.spec import QuantSpec
+from resnet8ptq.spec import QuantSpec, TensorRange
 
 
 @cache
@@ -133,11 +133,21 @@ if not OmegaConf.has_resolver(CHOICE_RESOLVER):
 
 @dataclass(frozen=True)
 class Prepared:
-    """The FP32 model the backend quantizes, the algorithms' seconds, and what they did (run tags)."""
+    """The FP32 model the backend quantizes, the algorithms' seconds, what they did (run tags), and the
+    activation ranges they learned (ONNX tensor -> (min, max): the backend stores these, not calibrated
+    ones)."""
 
     onnx_path: Path
     seconds: float = 0.0
     tags: dict[str, str] = field(default_factory=dict)
+    ranges: dict[str, tuple[float, float]] = field(default_factory=dict)
+
+    def learned(self, spec: QuantSpec) -> QuantSpec:
+        """``spec`` with the learned ranges (:attr:`QuantSpec.learned_ranges`)."""
+        if not self.ranges:
+            return spec
+        ranges = tuple(TensorRange(name, *bounds) for name, bounds in sorted(self.ranges.items()))
+        return dataclasses.replace(spec, learned_ranges=ranges)
 
 
 def prepare(
@@ -166,4 +176,4 @@ def prepare(
     workdir.mkdir(parents=True, exist_ok=True)
     path = workdir / "model_fp32_algo.onnx"
     save_onnx(model, path)
-    return Prepared(path, time.perf_counter() - start, tags)
+    return Prepared(path, time.perf_counter() - start, tags, context.ranges)

@@ -4,10 +4,10 @@ Each conv/gemm weight is put on the grid the backends will use (:mod:`resnet8ptq
 of rounding to nearest, every element learns whether to round up or down so that the layer's output on the
 calibration sample changes least: a rectified-sigmoid soft rounding h(V) is fitted with Adam to minimise
 ||W x - W~ x||^2 plus a regulariser that anneals h towards 0 or 1 (the paper's section 4 and appendix;
-beta from 20 to 2, lambda 0.01, the first 20% of iterations without it). Layer inputs come from the FP32
-model. The result is written back as float weights that lie exactly on the grid; the elements that define
-each channel's range sit on its ends whatever the rounding, so the backends recompute the same scales and
-store exactly the learned integers.
+:mod:`._rounding`: beta from 20 to 2, lambda 0.01, the first 20% of iterations without it). Layer inputs
+come from the FP32 model. The result is written back as float weights that lie exactly on the grid; the
+elements that define each channel's range sit on its ends whatever the rounding, so the backends recompute
+the same scales and store exactly the learned integers.
 """
 
 from __future__ import annotations
@@ -23,8 +23,6 @@ if TYPE_CHECKING:
     import onnx
 
     from resnet8ptq.spec import QuantSpec
-
-ZETA, GAMMA = 1.1, -0.1  # rectified sigmoid stretch (paper, eq. 23)
 
 
 @dataclass
@@ -89,14 +87,10 @@ def _fit(node, weight, grid, x: np.ndarray, iterations: int, batch: int) -> np.n
     import torch
     import torch.nn.functional as F
 
-    shape = [1] * weight.ndim
-    shape[grid.axis] = -1
-    scale = torch.from_numpy(grid.scale).reshape(shape)
-    zero_point = torch.from_numpy(grid.zero_point.astype(np.float32)).reshape(shape)
+    from resnet8ptq.algorithms._rounding import REGULARIZATION, SoftRounding, regularization
+
+    rounding = SoftRounding(weight, grid)
     w = torch.from_numpy(weight)
-    floor = torch.floor(w / scale)
-    rest = w / scale - floor  # in [0, 1): the rounding AdaRound decides
-    v = torch.nn.Parameter(-torch.log((ZETA - GAMMA) / (rest.clamp(0.01, 0.99) - GAMMA) - 1))  # h(v) = rest
     data = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))
     if node.op_type == "Conv":
         attributes = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
@@ -111,25 +105,16 @@ def _fit(node, weight, grid, x: np.ndarray, iterations: int, batch: int) -> np.n
         def layer(inputs: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor:
             return inputs.reshape(len(inputs), -1) @ (kernel.T if trans_b else kernel)
 
-    def soft(v: torch.Tensor) -> torch.Tensor:
-        return torch.clamp(torch.sigmoid(v) * (ZETA - GAMMA) + GAMMA, 0, 1)
-
-    def on_grid(rounding: torch.Tensor) -> torch.Tensor:
-        return (torch.clamp(floor + rounding + zero_point, grid.qmin, grid.qmax) - zero_point) * scale
-
-    optimizer = torch.optim.Adam([v], lr=1e-2)
-    warm_up = int(0.2 * iterations)
+    optimizer = torch.optim.Adam(rounding.parameters(), lr=1e-2)
     for step in range(iterations):
         sample = data[torch.randint(len(data), (batch,))]
         with torch.no_grad():
             target = layer(sample, w)
-        loss = F.mse_loss(layer(sample, on_grid(soft(v))), target)
-        if step >= warm_up:
-            beta = 20 + (2 - 20) * (step - warm_up) / max(iterations - warm_up, 1)
-            loss = loss + 0.01 * (1 - (2 * soft(v) - 1).abs().pow(beta)).sum()
+        loss = F.mse_loss(layer(sample, rounding()), target)
+        beta = regularization(step, iterations)
+        if beta is not None:
+            loss = loss + REGULARIZATION * rounding.regularizer(beta)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-    with torch.no_grad():
-        hard = (soft(v) >= 0.5).float()
-        return torch.clamp(floor + hard + zero_point, grid.qmin, grid.qmax).numpy().astype(np.int32)
+    return rounding.integers()

@@ -9,7 +9,7 @@ imports every algorithm module when the config is composed.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
@@ -24,11 +24,14 @@ _REGISTRY: dict[str, type[Algorithm]] = {}
 @dataclass(frozen=True)
 class Context:
     """What an algorithm may use besides the model: the calibration images (NHWC float32 raw 0-255), the
-    quantization it prepares the model for, and the run's seed (``data.seed``)."""
+    quantization it prepares the model for, and the run's seed (``data.seed``); and where it leaves
+    activation ranges it learned (``ranges``: ONNX tensor -> (min, max)), which the backends then use
+    instead of calibrating those tensors."""
 
     images: np.ndarray
     spec: QuantSpec
     seed: int = 0
+    ranges: dict[str, tuple[float, float]] = field(default_factory=dict)
 
 
 class Algorithm(ABC):

@@ -26,17 +26,18 @@ def composed(*overrides: str):
 
 
 def test_the_options_are_every_combination_in_stage_order() -> None:
-    assert steps_in_order() == ("cle", "adaround", "bias_correction")
-    assert options() == {
-        "none": [],
-        "cle": ["cle"],
-        "adaround": ["adaround"],
-        "bias_correction": ["bias_correction"],
-        "cle_adaround": ["cle", "adaround"],
-        "cle_bias_correction": ["cle", "bias_correction"],
-        "adaround_bias_correction": ["adaround", "bias_correction"],
-        "cle_adaround_bias_correction": ["cle", "adaround", "bias_correction"],
-    }
+    """adaround, brecq and qdrop share the rounding stage: one of them at most."""
+    assert steps_in_order() == ("cle", "adaround", "brecq", "qdrop", "bias_correction")
+    rounding = [[], ["adaround"], ["brecq"], ["qdrop"]]
+    expected = [
+        [*first, *middle, *last]
+        for first in ([], ["cle"])
+        for middle in rounding
+        for last in ([], ["bias_correction"])
+    ]
+    assert sorted(options().values()) == sorted(expected)
+    assert list(options())[:6] == ["none", "cle", "adaround", "brecq", "qdrop", "bias_correction"]
+    assert options()["cle_qdrop_bias_correction"] == ["cle", "qdrop", "bias_correction"]
     for name, steps in options().items():
         assert list(composed(f"algo={name}").algo.steps) == steps
 
@@ -57,7 +58,15 @@ def test_parameters_are_typed_and_belong_to_their_algorithm() -> None:
     algo = OmegaConf.to_object(cfg.algo)
     assert isinstance(algo, AlgoConfig)
     assert algo.parameters("adaround").iterations == 7 and algo.parameters("cle") is None
-    assert parameter_defaults() == {"algo.adaround_iterations": 1000, "algo.adaround_batch_size": 32}
+    assert parameter_defaults() == {
+        "algo.adaround_iterations": 1000,
+        "algo.adaround_batch_size": 32,
+        "algo.brecq_iterations": 2000,
+        "algo.brecq_batch_size": 32,
+        "algo.qdrop_iterations": 2000,
+        "algo.qdrop_batch_size": 32,
+        "algo.qdrop_drop": 0.5,
+    }
     with pytest.raises(Exception, match="adaround_iterations"):
         composed("algo.adaround_iterations=many")  # the schema's type, at composition
 

@@ -107,8 +107,10 @@ def test_bad_values_are_rejected(override: str, message: str) -> None:
     ("overrides", "message"),
     [
         (["algo.steps=[rounding]"], r"algo.steps: unknown \['rounding'\]"),
-        (["algo.steps=[bias_correction,cle]"], "in the order cle, adaround, bias_correction"),
+        (["algo.steps=[bias_correction,cle]"], "in the order cle, adaround, brecq, qdrop, bias_correction"),
         (["algo=adaround", "algo.adaround_iterations=0"], "expected positive numbers"),
+        (["algo=brecq", "algo.brecq_batch_size=0"], "algo.brecq_batch_size: expected positive"),
+        (["algo=qdrop", "algo.qdrop_drop=1.0"], "algo.qdrop_drop: expected a probability"),
         (["target.max_drop_points=0.5", "layer_analysis=false"], "with layer_analysis=false"),
         (  # cells sized for the 4-bit layers cannot hold the first and last layers' 8-bit weights
             ["device=cim", "device.bits_per_cell=3", "dtype.weight_bits=4", "dtype.first_last_bits=8"],

@@ -109,6 +109,22 @@ def mse_ranges(histograms: dict[str, tuple], fp32: onnx.ModelProto, spec: QuantS
     return TensorsData(CalibrationMethod.MinMax, data)
 
 
+def with_learned_ranges(tensors_range: TensorsData, spec: QuantSpec) -> TensorsData:
+    """The calibrated ranges with those an `algo` step learned (:attr:`QuantSpec.learned_ranges`) in their
+    place; each learned tensor must be one ORT calibrated."""
+    if not spec.learned_ranges:
+        return tensors_range
+    data = dict(tensors_range.data)
+    unknown = [learned.tensor for learned in spec.learned_ranges if learned.tensor not in data]
+    if unknown:
+        raise RuntimeError(
+            f"Learned activation ranges for tensors ONNX Runtime does not calibrate: {unknown}"
+        )
+    for learned in spec.learned_ranges:
+        data[learned.tensor] = TensorData(lowest=np.float32(learned.min), highest=np.float32(learned.max))
+    return TensorsData(tensors_range.calibration_method, data)
+
+
 class OnnxRuntimeBackend(Backend):
     """Quantizes the canonical ONNX model with ``onnxruntime.quantization.quantize_static``."""
 
@@ -144,6 +160,7 @@ class OnnxRuntimeBackend(Backend):
                 tensors_range = mse_ranges(calibrator.collector.histogram_dict, fp32, spec)
             else:
                 tensors_range = calibrator.compute_data()
+        tensors_range = with_learned_ranges(tensors_range, spec)
         save_tensors_data(tensors_range, ranges_path)
         ranges = {
             name: (float(np.min(data.range_value[0])), float(np.max(data.range_value[1])))

@@ -44,6 +44,7 @@ from resnet8ptq.backends.torch.quantizer import (
     activation_observers,
     calibrate,
     compute_ranges,
+    fix_learned_ranges,
     make_quantizer,
 )
 from resnet8ptq.device.graph import IntegerModel
@@ -88,6 +89,7 @@ class TorchBackend(Backend):
         observers = activation_observers(prepared, onnx_path)
         calib_start = time.perf_counter()
         calibrate(prepared, calibration_images, spec.calib)
+        fix_learned_ranges(observers, spec)
         ranges = compute_ranges(observers)
         calib_seconds = time.perf_counter() - calib_start
         converted = convert_pt2e(prepared)

@@ -64,12 +64,13 @@ def get_attr(gm: fx.GraphModule, target: str) -> torch.Tensor:
     return getattr(gm.get_submodule(owner) if owner else gm, name)
 
 
-def onnx_to_torch(onnx_path: Path) -> fx.GraphModule:
-    """The canonical ONNX model as an eval-mode torch GraphModule that torch.export can trace."""
+def onnx_to_torch(model: Path | Any) -> fx.GraphModule:
+    """The canonical ONNX model (a path or an ``onnx.ModelProto``) as an eval-mode torch GraphModule that
+    torch.export can trace; its modules are named after the ONNX nodes."""
     import onnx
     from onnx2torch import convert
 
-    gm = convert(onnx.load(str(onnx_path))).eval()
+    gm = convert(onnx.load(str(model)) if isinstance(model, Path) else model).eval()
     _make_reshapes_static(gm)
     for tensor in [*gm.parameters(), *gm.buffers()]:
         tensor.data = tensor.data.contiguous()  # onnx2torch transposes Gemm weights into a view

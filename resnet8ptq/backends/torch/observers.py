@@ -29,14 +29,20 @@ class OrtActivationObserver(UniformQuantizationObserverBase):
         super().__init__(dtype=dtype, **kwargs)
         self.collector = RangeCollector(calib)
         self._range: tuple[float, float] | None = None
+        self._fixed: tuple[float, float] | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        self.collector.add(x.detach().float().cpu().numpy())
-        self._range = None
+        if self._fixed is None:
+            self.collector.add(x.detach().float().cpu().numpy())
+            self._range = None
         return x
 
+    def fix_range(self, low: float, high: float) -> None:
+        """Use ``(low, high)`` (a learned range) instead of calibrating."""
+        self._fixed = self._range = (low, high)
+
     def compute_range(self) -> tuple[float, float]:
-        """The calibrated (min, max) of the observed tensor (computed once, then cached)."""
+        """The calibrated (min, max) of the observed tensor (computed once, then cached), or the fixed one."""
         if self._range is None:
             self._range = self.collector.compute((self.quant_min, self.quant_max))
         return self._range

@@ -233,6 +233,18 @@ def calibrate(prepared: fx.GraphModule, images: np.ndarray, calib: CalibConfig) 
             prepared(torch.from_numpy(np.ascontiguousarray(batch, dtype=np.float32)))
 
 
+def fix_learned_ranges(observers: dict[str, OrtActivationObserver], spec: QuantSpec) -> int:
+    """Give the observers of tensors an `algo` step learned a range for (:attr:`QuantSpec.learned_ranges`)
+    that range; returns how many. Tensors ORT stores and this recipe does not (a residual branch before
+    its add) have no observer here."""
+    fixed = 0
+    for learned in spec.learned_ranges:
+        if learned.tensor in observers:
+            observers[learned.tensor].fix_range(learned.min, learned.max)
+            fixed += 1
+    return fixed
+
+
 def compute_ranges(observers: dict[str, OrtActivationObserver]) -> list[TensorRange]:
     """Each observer's calibrated range (entropy/percentile/mse histograms are evaluated here)."""
     return [TensorRange(name, *obs.compute_range()) for name, obs in observers.items()]
