@@ -261,7 +261,7 @@ def stored_activations(model: onnx.ModelProto) -> dict[str, str]:
     with tempfile.TemporaryDirectory() as workdir:
         source, out = Path(workdir) / "fp32.onnx", Path(workdir) / "qdq.onnx"
         onnx.save(model, source)
-        reader = ImageReader(np.full(shape, 128.0, np.float32), 1, graph_input.name)
+        reader = ImageReader(np.full(shape, 128.0, np.float32), 1, graph_input.name, "ORT recipe probe")
         quantize_static(source, out, reader, quant_format=QuantFormat.QDQ, op_types_to_quantize=OP_TYPES)
         quantized = onnx.load(out)
     names = {

@@ -129,8 +129,10 @@ def test_torch_inherits_the_algorithm(prepared, onnx_accuracy, data, tmp_path: P
     assert abs(accuracy - onnx_accuracy["adaround"]) <= 0.01
 
 
-# AdaRound in a fresh process with another thread count and hash seed: writes the model it learned.
-ADAROUND_AGAIN = """
+# A learned algorithm in a fresh process with another thread count and hash seed: writes the model it learned
+# and the activation ranges (if any) as JSON.
+LEARN_AGAIN = """
+import json
 import sys
 import os
 from pathlib import Path
@@ -140,28 +142,45 @@ from resnet8ptq.calibration import CalibConfig
 from resnet8ptq.dtype import DtypeConfig
 from resnet8ptq.spec import QuantSpec
 torch.set_num_threads(int(sys.argv[4]))
-spec = QuantSpec(DtypeConfig("int8", "int8", weight_bits=4), CalibConfig("minmax"))
-algo = AlgoConfig(["adaround"], adaround_iterations=100)
-prepare(algo, Path(sys.argv[1]), np.load(sys.argv[2]), spec, Path(sys.argv[3]), seed=42)
+name, dtype = sys.argv[5], DtypeConfig(**json.loads(sys.argv[6]))
+spec = QuantSpec(dtype, CalibConfig("mse", num_bins=2048), per_channel=True)
+algo = AlgoConfig([name], **{f"{name}_iterations": int(sys.argv[7])})
+prepared = prepare(algo, Path(sys.argv[1]), np.load(sys.argv[2]), spec, Path(sys.argv[3]), seed=42)
+(Path(sys.argv[3]) / "ranges.json").write_text(json.dumps(prepared.ranges))
 """
+# adaround: 100 iterations per layer at W4 (the same code path as 1000); qdrop: 20 per block at W4A4 with the
+# first and last layers at 8 bits (its random drops included)
+LEARNED = {
+    "adaround": ({"activation": "int8", "weight": "int8", "weight_bits": 4}, 100),
+    "qdrop": (
+        dict(activation="uint8", weight="int8", weight_bits=4, activation_bits=4, first_last_bits=8),
+        20,
+    ),
+}
 
 
-def test_adaround_learns_the_same_model_twice(canonical_model: CanonicalModel, data, tmp_path: Path) -> None:
-    """The same settings and seed give the same learned weights, bit for bit, in another process with another
-    thread count (100 iterations per layer: the same code path as 1000). Across CPU kinds they differ:
-    docs/algorithms.md#reproducibility."""
+@pytest.mark.parametrize("name", list(LEARNED))
+def test_a_learned_algorithm_learns_the_same_model_twice(
+    name: str, canonical_model: CanonicalModel, data, tmp_path: Path
+) -> None:
+    """The same settings and seed give the same learned weights (and activation ranges), bit for bit, in
+    another process with another thread count. Across CPU kinds they differ:
+    docs/algorithms.md#reproducibility-of-learned-rounding."""
+    import json
     import subprocess
     import sys
 
     import torch
 
+    dtype, iterations = LEARNED[name]
+    spec = QuantSpec(DtypeConfig(**dtype), CalibConfig("mse", num_bins=2048), per_channel=True)
     np.save(tmp_path / "calibration.npy", data[0])
-    algo = AlgoConfig(["adaround"], adaround_iterations=100)
-    here = prepare(algo, canonical_model.onnx_path, data[0], W4_PER_TENSOR, tmp_path / "here", seed=42)
+    algo = AlgoConfig([name], **{f"{name}_iterations": iterations})
+    here = prepare(algo, canonical_model.onnx_path, data[0], spec, tmp_path / "here", seed=42)
     threads = 1 if torch.get_num_threads() > 1 else 2
     args = [str(canonical_model.onnx_path), str(tmp_path / "calibration.npy"), str(tmp_path / "there")]
     subprocess.run(
-        [sys.executable, "-c", ADAROUND_AGAIN, *args, str(threads)],
+        [sys.executable, "-c", LEARN_AGAIN, *args, str(threads), name, json.dumps(dtype), str(iterations)],
         check=True,
         env={**os.environ, "PYTHONHASHSEED": "7"},
         timeout=600,
@@ -171,5 +190,8 @@ def test_adaround_learns_the_same_model_twice(canonical_model: CanonicalModel, d
         for path in (here.onnx_path, tmp_path / "there" / here.onnx_path.name)
     )
     assert ours.keys() == theirs.keys()
-    for name in ours:
-        np.testing.assert_array_equal(ours[name][1], theirs[name][1], err_msg=name)
+    for weight in ours:
+        np.testing.assert_array_equal(ours[weight][1], theirs[weight][1], err_msg=weight)
+    ranges = json.loads((tmp_path / "there" / "ranges.json").read_text())
+    assert {tensor: tuple(bounds) for tensor, bounds in ranges.items()} == here.ranges
+    assert bool(here.ranges) == (name == "qdrop")
