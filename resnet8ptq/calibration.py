@@ -23,6 +23,7 @@ import numpy as np
 from omegaconf import MISSING
 
 METHODS = ("minmax", "entropy", "percentile", "mse")
+WEIGHT_METHODS = ("minmax", "mse")
 MSE_STEPS = 100
 """Candidate range ends per side for ``mse``: the calibrated min and max times k/100, k = 1..100."""
 
@@ -37,8 +38,11 @@ class CalibConfig:
     num_quantized_bins: int | None = None
     percentile: float | None = None
     batch_size: int = 100
+    weights: str = "minmax"  # conv/gemm weight ranges: their min/max, or `mse` (per-channel clipping)
 
     def __post_init__(self) -> None:
+        if self.weights not in WEIGHT_METHODS:
+            raise ValueError(f"calib.weights={self.weights!r}: expected one of {', '.join(WEIGHT_METHODS)}.")
         if self.method not in METHODS:
             raise ValueError(f"calib.method={self.method!r}: expected one of {', '.join(METHODS)}.")
         if self.method in ("entropy", "percentile", "mse") and (self.num_bins is None or self.num_bins < 2):
@@ -151,7 +155,30 @@ def mse_range(
     candidate (the larger ends) wins."""
     counts, edges, data_min, data_max = (np.asarray(part, np.float64) for part in histogram[:4])
     used = counts > 0
-    centres, weights = ((edges[:-1] + edges[1:]) / 2)[used], counts[used]
+    centres = ((edges[:-1] + edges[1:]) / 2)[used]
+    return _least_error(centres, counts[used], float(data_min), float(data_max), qrange, symmetric, steps)
+
+
+def mse_weight_range(
+    values: np.ndarray, qrange: tuple[int, int], symmetric: bool, steps: int = MSE_STEPS
+) -> tuple[float, float]:
+    """``calib.weights=mse``: the clipping range of one weight (or one output channel of it) with the least
+    squared error over its own values, by :func:`mse_range`'s search (every value counted once)."""
+    values = np.asarray(values, np.float64).ravel()
+    ones = np.ones_like(values)
+    return _least_error(values, ones, float(values.min()), float(values.max()), qrange, symmetric, steps)
+
+
+def _least_error(
+    centres: np.ndarray,
+    weights: np.ndarray,
+    data_min: float,
+    data_max: float,
+    qrange: tuple[int, int],
+    symmetric: bool,
+    steps: int,
+) -> tuple[float, float]:
+    """:func:`mse_range`'s search over values ``centres`` counted ``weights`` times."""
     qmin, qmax = qrange
     fractions = np.arange(1, steps + 1) / steps
     if symmetric:

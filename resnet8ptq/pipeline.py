@@ -70,7 +70,8 @@ def run(cfg: DictConfig, output_dir: Path, extra_tags: Mapping[str, str] | None 
     granularity = ("pc" if spec.per_channel else "pt") + ("-rr" if spec.reduce_range else "")
     backend.check(spec)  # a configuration the backend cannot run exactly is refused here, before any work
     backend.check_algorithms(algo.steps)
-    run_name = f"{backend.NAME}-{spec.dtype.label}-{spec.calib.method}-{granularity}"
+    weights = "-wmse" if spec.calib.weights == "mse" else ""
+    run_name = f"{backend.NAME}-{spec.dtype.label}-{spec.calib.method}{weights}-{granularity}"
     run_name += "".join(f"-{step}" for step in algo.steps)
     run_name += f"-raised{len(spec.raised_layers)}" if spec.raised_layers else ""
     run_name += f"-{device.label}" if device.enabled else ""

@@ -68,9 +68,10 @@ def weight_grid(weight: np.ndarray, axis: int, spec: QuantSpec, bits: int | None
     slices = np.moveaxis(weight, axis, 0) if spec.per_channel else weight[np.newaxis]
     scales, zero_points = [], []
     for values in slices:
+        low, high = weight_range(values, (qmin, qmax), symmetric, spec.calib.weights)
         zero_point, scale = compute_scale_zp(
-            np.array(values.min(), np.float32),
-            np.array(values.max(), np.float32),
+            np.array(low, np.float32),
+            np.array(high, np.float32),
             np.array(qmin, np.int32),
             np.array(qmax, np.int32),
             symmetric,
@@ -84,6 +85,19 @@ def weight_grid(weight: np.ndarray, axis: int, spec: QuantSpec, bits: int | None
         qmin,
         qmax,
     )
+
+
+def weight_range(
+    values: np.ndarray, qrange: tuple[int, int], symmetric: bool, method: str
+) -> tuple[float, float]:
+    """The range one weight (or output channel) is quantized over: its min and max, or for ``mse``
+    (``calib.weights``) the clipping with the least squared error
+    (:func:`resnet8ptq.calibration.mse_weight_range`)."""
+    if method == "mse":
+        from resnet8ptq.calibration import mse_weight_range
+
+        return mse_weight_range(values, qrange, symmetric)
+    return float(values.min()), float(values.max())
 
 
 def quantized_weights(model: onnx.ModelProto) -> dict[str, tuple[onnx.NodeProto, np.ndarray]]:

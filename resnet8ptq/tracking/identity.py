@@ -46,6 +46,7 @@ ADDED_DEFAULTS = {
     "dtype.activation_bits": "8",
     "dtype.weight_bits": "8",
     "dtype.first_last_bits": "None",
+    "calib.weights": "minmax",
     "algo.steps": "[]",
     "raised_layers": "[]",
     "layer_analysis": "True",

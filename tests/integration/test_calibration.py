@@ -107,3 +107,42 @@ def test_mse_ranges_agree_between_backends_and_clip(
     minmax = {r.tensor: (r.min, r.max) for r in onnx_quantized["minmax"].ranges}
     clipped = [name for name in torch_ranges if onnx_ranges[name][1] < 0.9 * minmax[name][1]]
     assert len(clipped) >= len(torch_ranges) // 2, clipped
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_mse_weight_clipping_is_what_onnx_runtime_stores(
+    canonical_model: CanonicalModel, calibration_images: np.ndarray, tmp_path: Path, bits: int
+) -> None:
+    """``calib.weights=mse``: ORT stores each weight's integers on the clipped grid, saturated at the width's
+    range (ORT itself saturates only at the int8 bounds), and the saved model reads back at that width."""
+    import onnx
+    from onnx import numpy_helper
+
+    from resnet8ptq.weight_grid import channel_axis, quantized_weights, weight_grid
+
+    spec = QuantSpec(
+        DtypeConfig("uint8", "int8", weight_bits=bits), CalibConfig("minmax", weights="mse"), per_channel=True
+    )
+    quantized = OnnxRuntimeBackend(native=False).quantize(
+        canonical_model.onnx_path, calibration_images, spec, tmp_path
+    )
+    assert quantized.weight_bits == bits
+    stored = {
+        init.name.removesuffix("_quantized"): numpy_helper.to_array(init)
+        for init in onnx.load(quantized.path).graph.initializer
+        if init.name.endswith("_quantized")
+    }
+    saturated = 0
+    for name, (node, weight) in quantized_weights(onnx.load(canonical_model.onnx_path)).items():
+        grid = weight_grid(weight, channel_axis(node), spec)
+        np.testing.assert_array_equal(stored[name], grid.quantize(weight), err_msg=name)
+        unclipped = np.clip(np.round(weight / _along(grid.scale, grid.axis, weight.ndim)), -128, 127)
+        saturated += int(np.count_nonzero(np.abs(unclipped) > grid.qmax))
+    assert saturated > 0  # the clipping is real: some weights lie beyond their grid's range
+
+
+def _along(values: np.ndarray, axis: int, ndim: int) -> np.ndarray:
+    """Per-channel ``values`` shaped to broadcast along ``axis`` of an ``ndim``-d array."""
+    shape = [1] * ndim
+    shape[axis] = -1
+    return values.reshape(shape)

@@ -75,3 +75,56 @@ def test_mse_needs_the_integer_range() -> None:
 def test_mse_needs_a_histogram() -> None:
     with pytest.raises(ValueError, match="num_bins"):
         CalibConfig("mse", num_bins=None)
+
+
+def test_weight_clipping_has_the_least_error_of_its_candidates() -> None:
+    """``calib.weights=mse`` on one heavy-tailed (Laplace) channel at 4 bits, symmetric -7..7: it clips well
+    inside the largest weight, and no candidate k/100 of it quantizes the weight with less error."""
+    from resnet8ptq.calibration import mse_weight_range
+
+    weight = np.random.default_rng(2).laplace(0.0, 0.05, 2304).astype(np.float32)
+    low, high = mse_weight_range(weight, (-7, 7), symmetric=True)
+    bound = float(np.abs(weight).max())
+    assert low == -high and 0.3 * bound < high < 0.9 * bound
+
+    def error(top: float) -> float:
+        scale = 2 * top / 14
+        return float(np.mean((weight - np.clip(np.round(weight / scale), -7, 7) * scale) ** 2))
+
+    best = error(high)
+    assert all(best <= error(bound * k / 100) + 1e-12 for k in range(1, 101))
+    assert best < 0.7 * error(bound)
+
+
+@pytest.mark.parametrize("per_channel", [True, False])
+def test_both_backends_clip_weights_alike(per_channel: bool) -> None:
+    """The ONNX backend's grid (:func:`weight_grid`) and the torch weight observer give the same scales and
+    zero points with ``calib.weights=mse``, and they differ from min/max's."""
+    import torch
+
+    from resnet8ptq.backends.torch.observers import OrtWeightObserver
+    from resnet8ptq.dtype import DtypeConfig
+    from resnet8ptq.spec import QuantSpec
+    from resnet8ptq.weight_grid import weight_grid
+
+    weight = np.random.default_rng(3).laplace(0.0, 0.05, (16, 8, 3, 3)).astype(np.float32)
+    dtype = DtypeConfig("uint8", "int8", weight_bits=4)
+    grids = {}
+    for method in ("minmax", "mse"):
+        spec = QuantSpec(dtype, CalibConfig("minmax", weights=method), per_channel=per_channel)
+        grids[method] = weight_grid(weight, 0, spec)
+        symmetric = dtype.weight_symmetric(per_channel)
+        observer = OrtWeightObserver(
+            torch.int8, *dtype.weight_range(symmetric), symmetric, per_channel, 0, method=method
+        )
+        observer(torch.from_numpy(weight))
+        scales, zero_points = observer.calculate_qparams()
+        count = 16 if per_channel else 1
+        np.testing.assert_array_equal(scales.numpy()[:count], grids[method].scale)
+        np.testing.assert_array_equal(zero_points.numpy()[:count], grids[method].zero_point)
+    assert np.all(grids["mse"].scale < grids["minmax"].scale)
+
+
+def test_bad_weight_method_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"calib\.weights=.entropy.: expected one of minmax, mse"):
+        CalibConfig("minmax", weights="entropy")

@@ -68,6 +68,7 @@ def test_what_the_converter_makes_is_accepted(accepted: QuantSpec) -> None:
         (spec(raised_layers=("activation_6_1/Relu",)), "no mixed precision (raised_layers)"),
         (spec(first_last_bits=8), "no layer of its own width (dtype.first_last_bits)"),
         (spec(calib=CalibConfig("mse", num_bins=2048)), "has no mse calibration"),
+        (spec(calib=CalibConfig("minmax", weights="mse")), "cannot clip it"),
     ],
 )
 def test_refusals_name_what_it_runs(refused: QuantSpec, reason: str) -> None:

@@ -31,6 +31,7 @@ from resnet8ptq.backends.onnx.widths import (
     activation_qranges,
     activation_widths,
     clamp_narrow_activations,
+    clip_weights,
     layer_precision,
     tensor_overrides,
 )
@@ -189,6 +190,7 @@ class OnnxRuntimeBackend(Backend):
         )
         quantized = onnx.load(out)
         clamp_narrow_activations(quantized, spec, widths)
+        clip_weights(quantized, fp32, spec)
         save_onnx(quantized, out)
         quantize_seconds = time.perf_counter() - start
 

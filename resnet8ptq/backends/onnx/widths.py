@@ -150,6 +150,27 @@ def clamp_narrow_activations(model: onnx.ModelProto, spec: QuantSpec, widths: di
     model.graph.node.extend(nodes)
 
 
+def clip_weights(quantized: onnx.ModelProto, fp32: onnx.ModelProto, spec: QuantSpec) -> int:
+    """Clip every stored conv/gemm weight of ``quantized`` (in place) to the integer range of its width: with
+    the scale and zero point of :func:`weight_overrides` ORT rounds the weight and saturates only at the
+    int8/uint8 bounds, so the weights that ``calib.weights=mse`` clips would keep values beyond the narrow
+    range. Returns how many integers it clipped (none for min/max ranges)."""
+    symmetric = spec.dtype.weight_symmetric(spec.per_channel)
+    widths = weight_widths(fp32, spec)
+    inits = {init.name: init for init in quantized.graph.initializer}
+    clipped = 0
+    for name in quantized_weights(fp32):
+        stored = inits.get(f"{name}_quantized")
+        if stored is None or layer_name(name) in spec.raised_layers:
+            continue
+        values = numpy_helper.to_array(stored)
+        qmin, qmax = spec.dtype.weight_range(symmetric, spec.reduce_range, widths[name])
+        inside = np.clip(values, qmin, qmax).astype(values.dtype)
+        clipped += int(np.count_nonzero(inside != values))
+        stored.CopyFrom(numpy_helper.from_array(inside, stored.name))
+    return clipped
+
+
 def raised_overrides(model: onnx.ModelProto, spec: QuantSpec) -> dict[str, list[dict]]:
     """A 16-bit ``quant_type`` for each raised layer's tensor (``spec.raised_layers``, storage types as
     :meth:`QuantSpec.raised_storage`): activations asymmetric (ORT's default), weights symmetric, per channel
@@ -171,13 +192,14 @@ def raised_overrides(model: onnx.ModelProto, spec: QuantSpec) -> dict[str, list[
 def weight_overrides(model: onnx.ModelProto, spec: QuantSpec) -> dict[str, list[dict]]:
     """ORT ``TensorQuantOverrides`` giving every conv/gemm weight the scale and zero point of its
     width's range (:func:`resnet8ptq.layers.weight_widths`, :func:`resnet8ptq.weight_grid.weight_grid`,
-    ORT's own formula), per tensor or per channel. None for 8-bit weights: ORT computes the same parameters
-    itself. Raised weights are left to :func:`raised_overrides`."""
+    ORT's own formula), per tensor or per channel. None for 8-bit min/max weights: ORT computes the same
+    parameters itself (``calib.weights=mse`` clips them, so they get theirs). Raised weights are left to
+    :func:`raised_overrides`."""
     quant_type = QUANT_TYPES[spec.dtype.weight]
     widths = weight_widths(model, spec)
     overrides: dict[str, list[dict]] = {}
     for name, (node, weight) in quantized_weights(model).items():
-        if layer_name(name) in spec.raised_layers or widths[name] == 8:
+        if layer_name(name) in spec.raised_layers or (widths[name] == 8 and spec.calib.weights == "minmax"):
             continue
         grid = weight_grid(weight, channel_axis(node), spec, widths[name])
         params = [

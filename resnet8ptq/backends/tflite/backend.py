@@ -68,6 +68,11 @@ def check_spec(spec: QuantSpec) -> None:
             f"{CAN_RUN}: its converter records each tensor's min and max over the representative dataset and "
             f"has no {spec.calib.method} calibration. Use calib=minmax."
         )
+    if spec.calib.weights != "minmax":
+        raise Unsupported(
+            f"{CAN_RUN}: its converter quantizes each weight over its own min and max (symmetric int8) and "
+            f"cannot clip it (calib.weights={spec.calib.weights}). Use calib.weights=minmax."
+        )
     if spec.raised_layers:
         raise Unsupported(
             f"{CAN_RUN}; no mixed precision (raised_layers): its converter quantizes every layer to one "

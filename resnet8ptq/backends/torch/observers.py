@@ -55,8 +55,10 @@ class OrtActivationObserver(UniformQuantizationObserverBase):
 
 
 class OrtWeightObserver(UniformQuantizationObserverBase):
-    """Weight min/max observer, per tensor or per channel (``ch_axis``), with ORT's symmetry rule; the
-    integer range (any width, ``reduce_range``) comes from :meth:`DtypeConfig.weight_range`."""
+    """Weight observer, per tensor or per channel (``ch_axis``), with ORT's symmetry rule, over the weight's
+    min/max or its MSE clipping (``method``: ``calib.weights``, the ONNX backend's
+    :func:`resnet8ptq.weight_grid.weight_range`); the integer range (any width, ``reduce_range``) comes from
+    :meth:`DtypeConfig.weight_range`."""
 
     def __init__(
         self,
@@ -66,6 +68,7 @@ class OrtWeightObserver(UniformQuantizationObserverBase):
         symmetric: bool,
         per_channel: bool = False,
         ch_axis: int = 0,
+        method: str = "minmax",
         **kwargs: Any,
     ) -> None:
         kwargs.update(quant_min=quant_min, quant_max=quant_max)
@@ -76,17 +79,22 @@ class OrtWeightObserver(UniformQuantizationObserverBase):
         self.symmetric = symmetric
         self.per_channel = per_channel
         self.ch_axis = ch_axis
+        self.method = method
         self.min_val: torch.Tensor | None = None
         self.max_val: torch.Tensor | None = None
 
     def forward(self, w: torch.Tensor) -> torch.Tensor:
+        from resnet8ptq.weight_grid import weight_range
+
         values = w.detach().float()
         channels = values.shape[self.ch_axis]
-        if self.per_channel:
-            values = values.transpose(0, self.ch_axis).flatten(1)
-            self.min_val, self.max_val = values.amin(dim=1), values.amax(dim=1)
-        else:
-            self.min_val, self.max_val = values.min().expand(channels), values.max().expand(channels)
+        slices = values.transpose(0, self.ch_axis).flatten(1) if self.per_channel else values.reshape(1, -1)
+        qrange = (self.quant_min, self.quant_max)
+        ranges = [weight_range(s.numpy(), qrange, self.symmetric, self.method) for s in slices]
+        low, high = (torch.tensor(ends, dtype=torch.float32) for ends in zip(*ranges, strict=True))
+        if not self.per_channel:
+            low, high = low.expand(channels), high.expand(channels)
+        self.min_val, self.max_val = low, high
         return w
 
     def calculate_qparams(self) -> tuple[torch.Tensor, torch.Tensor]:

@@ -62,7 +62,7 @@ def weight_qspec(
         qscheme=torch.per_channel_symmetric if spec.per_channel else torch.per_tensor_symmetric,
         ch_axis=0 if spec.per_channel else None,
         observer_or_fake_quant_ctr=OrtWeightObserver.with_args(
-            symmetric=symmetric, per_channel=spec.per_channel, ch_axis=0
+            symmetric=symmetric, per_channel=spec.per_channel, ch_axis=0, method=spec.calib.weights
         ),
     )
 
