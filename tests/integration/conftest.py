@@ -11,11 +11,12 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pytest
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
-from resnet8ptq.data import BINARY_DIR, Cifar10, load_cifar10
+from resnet8ptq.data import BINARY_DIR, Cifar10, calibration_set, load_cifar10, to_model_input
 from resnet8ptq.model import MODEL_FILENAME, MODEL_SHA256, CanonicalModel, canonical_onnx, resolve_h5
 from resnet8ptq.tracking.store import seed_sqlite_store
 from resnet8ptq.tracking.sweep import PARENT_RUN_ENV
@@ -40,6 +41,14 @@ def assets_dir() -> Path:
 def cifar(assets_dir: Path) -> Cifar10:
     """The real CIFAR-10, verified and loaded once per test session."""
     return load_cifar10(assets_dir, download=False)
+
+
+@pytest.fixture(scope="session")
+def data(cifar: Cifar10) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The default calibration sample (100 per class, seed 42, as `run.py`), the test images as the model
+    takes them, and the test labels."""
+    calibration, _ = calibration_set(cifar, 100, 42)
+    return calibration, to_model_input(cifar.test_images), cifar.test_labels
 
 
 @pytest.fixture(scope="session")

@@ -18,7 +18,6 @@ from resnet8ptq.algorithms.cle import equalizable_pairs
 from resnet8ptq.backends.onnx.backend import OnnxRuntimeBackend, predictor, session
 from resnet8ptq.backends.torch.backend import TorchBackend
 from resnet8ptq.calibration import CalibConfig
-from resnet8ptq.data import Cifar10, calibration_set, to_model_input
 from resnet8ptq.dtype import DtypeConfig
 from resnet8ptq.execution import evaluate_quantized
 from resnet8ptq.model import CanonicalModel
@@ -27,12 +26,6 @@ from resnet8ptq.weight_grid import channel_axis, quantized_weights, weight_grid
 
 W4_PER_TENSOR = QuantSpec(DtypeConfig("int8", "int8", weight_bits=4), CalibConfig("minmax"))
 ALGOS = {"none": [], "cle": ["cle"], "bias_correction": ["bias_correction"], "adaround": ["adaround"]}
-
-
-@pytest.fixture(scope="module")
-def data(cifar: Cifar10) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    calibration, _ = calibration_set(cifar, 100, 42)
-    return calibration, to_model_input(cifar.test_images), cifar.test_labels
 
 
 @pytest.fixture(scope="module")

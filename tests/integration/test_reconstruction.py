@@ -18,7 +18,6 @@ from resnet8ptq.backends.onnx.backend import OnnxRuntimeBackend
 from resnet8ptq.backends.onnx.widths import activation_qranges
 from resnet8ptq.backends.torch.backend import TorchBackend
 from resnet8ptq.calibration import CalibConfig
-from resnet8ptq.data import Cifar10, calibration_set, to_model_input
 from resnet8ptq.dtype import DtypeConfig, ort_scale_zero_point
 from resnet8ptq.execution import evaluate_quantized
 from resnet8ptq.layers import weight_widths
@@ -32,12 +31,6 @@ W4A4 = QuantSpec(
     per_channel=True,
 )
 ITERATIONS = 200  # per block; measured on AMD EPYC Zen 4: ORT 84.5 %, torch 84.4 % (2000: see docs)
-
-
-@pytest.fixture(scope="module")
-def data(cifar: Cifar10) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    calibration, _ = calibration_set(cifar, 100, 42)
-    return calibration, to_model_input(cifar.test_images), cifar.test_labels
 
 
 @pytest.fixture(scope="module")
