@@ -49,6 +49,7 @@ if TYPE_CHECKING:
 ROUNDING_LR = 1e-2  # Adam on AdaRound's v, as `adaround`
 STEP_LR = 1e-3  # Adam on each activation step's ratio to its calibrated value, annealed to 0 (cosine)
 CHUNK = 250  # images per forward pass when the blocks' inputs and targets are computed
+LEARNING_THREADS = 1  # torch threads while learning: the learned model must not depend on `threads`
 
 
 @dataclass(frozen=True)
@@ -212,7 +213,20 @@ def reconstruct(
     model: onnx.ModelProto, context: Context, iterations: int, batch: int, drop_prob: float = 0.0
 ) -> Reconstruction:
     """Learn the weights' rounding and the activations' steps block by block; write the weights back onto
-    their grids in ``model`` (in place); return what was learned."""
+    their grids in ``model`` (in place); return what was learned. Runs torch on one thread (then restores
+    the count): over 2000 iterations per block, 1 and 2 threads learned different models (the gradients'
+    sums run in another order), and `threads` is not part of a run's identity."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(LEARNING_THREADS)
+    try:
+        return _reconstruct(model, context, iterations, batch, drop_prob)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _reconstruct(
+    model: onnx.ModelProto, context: Context, iterations: int, batch: int, drop_prob: float
+) -> Reconstruction:
     from tqdm import tqdm
 
     from resnet8ptq.algorithms._graph import set_initializer
