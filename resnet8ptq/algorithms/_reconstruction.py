@@ -39,6 +39,7 @@ from torch import fx
 
 from resnet8ptq.algorithms._rounding import REGULARIZATION, SoftRounding, regularization
 from resnet8ptq.dtype import ort_scale_zero_point
+from resnet8ptq.weight_grid import WeightGrid
 
 if TYPE_CHECKING:
     import onnx
@@ -67,7 +68,7 @@ class Rounded:
     """One conv/gemm weight being rounded: its soft rounding, its grid, its FP32 values, its initializer."""
 
     rounding: SoftRounding
-    grid: Any  # WeightGrid
+    grid: WeightGrid
     weight: np.ndarray
     initializer: str
 
