@@ -68,16 +68,19 @@ def task(cfg: DictConfig) -> float | list[float] | None:
     """
     from resnet8ptq.errors import TargetNotReached
     from resnet8ptq.pipeline import run  # the libraries: imported when a job runs, not at start-up
+    from resnet8ptq.search.budget import run_within_budget
     from resnet8ptq.search.target import reach_target
 
     hydra_cfg = HydraConfig.get()
     output_dir = Path(hydra_cfg.runtime.output_dir)
     try:
         objectives = search_settings(cfg).objectives
-        if cfg.target.max_drop_points is None:
-            run_id = run(cfg, output_dir)
-        else:
+        if cfg.target.max_bops is not None or cfg.target.max_weight_bits is not None:
+            run_id = run_within_budget(cfg, output_dir, run)
+        elif cfg.target.max_drop_points is not None:
             run_id = reach_target(cfg, output_dir, run)
+        else:
+            run_id = run(cfg, output_dir)
         values = objective_values(MlflowClient().get_run(run_id).data.metrics, objectives, run_id)
         record_trial(run_id)
         return values[0] if len(values) == 1 else values

@@ -77,6 +77,7 @@ class Config:
     per_channel: bool = False  # per-output-channel weight scales
     reduce_range: bool = False  # weights in 7 bits (ORT's reduce_range): no u8s8 saturation without VNNI
     raised_layers: list[str] = field(default_factory=list)  # layers at 16 bits, named as in layer_sqnr.csv
+    layer_bits: dict[str, int] = field(default_factory=dict)  # layers of their own width (2..8), e.g. a mix
     native_tolerance_points: float = 0.3  # largest |native - reference| accuracy gap tagged `native`
     layer_analysis: bool = True  # per-layer SQNR of every quantized run (analysis/layer_sqnr.csv, sqnr_*)
     threads: int | None = None  # compute threads per run; null: the cores divided among parallel jobs
@@ -127,6 +128,7 @@ def quant_spec(cfg: DictConfig) -> QuantSpec:
             per_channel=cfg.per_channel,
             reduce_range=cfg.reduce_range,
             raised_layers=tuple(cfg.raised_layers),
+            layer_bits=tuple(sorted(cfg.layer_bits.items())),
         )
         check_device(OmegaConf.to_object(cfg.device), spec)
         return spec
@@ -145,5 +147,7 @@ def check_device(device: DeviceConfig, spec: QuantSpec) -> None:
             f"{spec.dtype.activation_bits}, raised_layers={list(spec.raised_layers)}): the integer form "
             "covers 8-bit activations only."
         )
-    # The widest weights must fit the cells: the first and last layers' (dtype.first_last_bits) when set.
-    device.check_weights(spec.dtype.weight, max(spec.dtype.weight_bits, spec.dtype.first_last_bits or 0))
+    # The widest weights must fit the cells: the first and last layers' (dtype.first_last_bits) when set,
+    # and any of their own width (layer_bits; an activation's width never exceeds 8 here).
+    widest = max(spec.dtype.weight_bits, spec.dtype.first_last_bits or 0, *(b for _, b in spec.layer_bits))
+    device.check_weights(spec.dtype.weight, widest)

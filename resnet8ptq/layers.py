@@ -1,7 +1,8 @@
 """Layers of the canonical model as both backends and the per-layer SQNR analysis name them, and the rules of
 layers whose width is not the model's: mixed precision (`raised_layers`: which names exist, which layers take
 their input's quantization and so follow it when it is raised, which layers a saved model really holds at 16
-bits) and the papers' first/last-layer convention (`dtype.first_last_bits`)."""
+bits) and the papers' first/last-layer convention (`dtype.first_last_bits`), and layers of their own narrow
+width (`layer_bits`, e.g. a budgeted mix: :mod:`resnet8ptq.search.budget`)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from dataclasses import dataclass
 
 import onnx
 
+from resnet8ptq.dtype import ACTIVATION_BITS, WEIGHT_BITS
 from resnet8ptq.errors import RaisedLayerError
 from resnet8ptq.model import layer_name
 from resnet8ptq.spec import RAISED_BITS, LayerPrecision, QuantSpec
@@ -168,10 +170,95 @@ def read_layers(model: onnx.ModelProto, node: onnx.NodeProto) -> set[str]:
 
 
 def weight_widths(model: onnx.ModelProto, spec: QuantSpec) -> dict[str, int]:
-    """Every conv/gemm weight's width (initializer name -> bits): ``dtype.first_last_bits`` for the first and
-    last layers when set, else ``dtype.weight_bits`` (layers raised to 16 bits are not counted here)."""
-    wide = wide_layers(model, spec)
-    return {
-        name: spec.dtype.first_last_bits if layer_name(name) in wide else spec.dtype.weight_bits
-        for name in quantized_weights(model)
-    }
+    """Every conv/gemm weight's width (initializer name -> bits): its own (``layer_bits``) when it has one,
+    ``dtype.first_last_bits`` for the first and last layers when set, else ``dtype.weight_bits`` (layers
+    raised to 16 bits are not counted here)."""
+    own, wide = dict(spec.layer_bits), wide_layers(model, spec)
+    widths = {}
+    for name in quantized_weights(model):
+        layer = layer_name(name)
+        wide_bits = spec.dtype.first_last_bits if layer in wide else None
+        widths[name] = own.get(layer) or wide_bits or spec.dtype.weight_bits
+    return widths
+
+
+def activation_width(layer: str, model: onnx.ModelProto, spec: QuantSpec) -> int:
+    """The width of an activation layer that narrow widths apply to (not the logits): 16 bits when raised,
+    its own (``layer_bits``, also for the layers that take its quantization), ``dtype.first_last_bits`` for
+    the inputs of the first and last layers when set, else ``dtype.activation_bits``."""
+    if layer in expected_raised(spec.raised_layers, model):
+        return RAISED_BITS
+    own = own_widths(model, spec)
+    if layer in own:
+        return own[layer]
+    if layer in wide_layers(model, spec):
+        return spec.dtype.first_last_bits
+    return spec.dtype.activation_bits
+
+
+def own_widths(model: onnx.ModelProto, spec: QuantSpec) -> dict[str, int]:
+    """The layers of their own width (``layer_bits``) and those that take their quantization, -> bits."""
+    own = dict(spec.layer_bits)
+    return own | {layer: own[origin] for layer, origin in sharing(model).items() if origin in own}
+
+
+def check_layer_bits(spec: QuantSpec, model: onnx.ModelProto) -> None:
+    """Raise :class:`RaisedLayerError` unless every ``layer_bits`` name is a layer of the model with
+    quantization of its own, its width one its kind can take, and not one the papers' convention fixes."""
+    layers, shared = model_layers(model), sharing(model)
+    names = [name for name, _ in spec.layer_bits]
+    unknown = [name for name in names if name not in layers]
+    if unknown:
+        known = ", ".join(sorted(name for name in layers if name not in shared))
+        raise RaisedLayerError(f"layer_bits: {unknown} are not layers of this model. Its layers: {known}.")
+    fixed = wide_layers(model, spec)
+    for name, bits in spec.layer_bits:
+        if name in shared:
+            raise RaisedLayerError(
+                f"layer_bits: {name} takes the quantization of {shared[name]}; set {shared[name]} instead."
+            )
+        if name in fixed:
+            raise RaisedLayerError(
+                f"layer_bits: {name} is a first or last layer, kept at dtype.first_last_bits="
+                f"{spec.dtype.first_last_bits}; leave it out or set dtype.first_last_bits=null."
+            )
+        allowed = WEIGHT_BITS if layers[name].kind == "weight" else [b for b in ACTIVATION_BITS if b <= 8]
+        if bits not in allowed:
+            raise RaisedLayerError(
+                f"layer_bits: {name}={bits}: {layers[name].kind}s take {min(allowed)}..{max(allowed)} bits."
+            )
+        if layers[name].kind == "activation" and spec.dtype.activation_bits > 8:
+            raise RaisedLayerError(
+                f"layer_bits: {name} is an activation, and dtype.activation_bits="
+                f"{spec.dtype.activation_bits}: narrow activations need dtype.activation_bits <= 8."
+            )
+    logits = logit_layers(model)
+    if named := sorted(set(names) & logits):
+        raise RaisedLayerError(
+            f"layer_bits: {named} are the logits or follow them, which keep the storage type's 8 bits."
+        )
+
+
+def logit_layers(model: onnx.ModelProto) -> set[str]:
+    """The activation layers from the last conv/gemm's output on (the logits, the softmax)."""
+    last = max(i for i, node in enumerate(model.graph.node) if node.op_type in WEIGHT_INPUTS)
+    return {layer_name(name) for node in model.graph.node[last:] for name in node.output}
+
+
+def check_own_widths(layers: Sequence[LayerPrecision], model: onnx.ModelProto, spec: QuantSpec) -> str | None:
+    """Fail unless a saved model (its ``layers`` read back) holds every ``layer_bits`` layer, and those that
+    take their quantization where it stores them, at its width; what it holds, as the run's tag
+    ``layer_bits`` (None without any)."""
+    if not spec.layer_bits:
+        return None
+    own = own_widths(model, spec)
+    found = [layer for layer in layers if layer.layer in own]
+    wrong = [f"{layer.kind} {layer.layer}: {layer.bits} bits, not {own[layer.layer]}" for layer in found
+             if layer.bits != own[layer.layer]]  # fmt: skip
+    missing = sorted({name for name, _ in spec.layer_bits} - {layer.layer for layer in found})
+    problems = [*wrong, *(f"{name} not quantized by this backend's recipe" for name in missing)]
+    if problems:
+        raise RuntimeError(
+            f"layer_bits: the saved model does not hold its layers' widths: {'; '.join(problems)}."
+        )
+    return ", ".join(sorted(f"{layer.layer}={layer.bits}" for layer in found))

@@ -24,6 +24,7 @@ from resnet8ptq.algorithms import AlgoConfig, prepare
 from resnet8ptq.artifacts import evaluation_files
 from resnet8ptq.backends.base import KERAS_SOURCE, Backend, QuantizedModel
 from resnet8ptq.config import quant_spec
+from resnet8ptq.cost import configured_cost
 from resnet8ptq.data import (
     BINARY_DIR,
     MD5_CACHE,
@@ -37,7 +38,15 @@ from resnet8ptq.device.config import DeviceConfig
 from resnet8ptq.errors import ConfigError, ModelError
 from resnet8ptq.evaluate import Baseline, Evaluation, evaluate_baseline
 from resnet8ptq.execution import evaluate_quantized
-from resnet8ptq.layers import check_first_last, check_raised, expected_raised, raised_in, sharing
+from resnet8ptq.layers import (
+    check_first_last,
+    check_layer_bits,
+    check_own_widths,
+    check_raised,
+    expected_raised,
+    raised_in,
+    sharing,
+)
 from resnet8ptq.mcu.config import McuConfig, mcu_settings
 from resnet8ptq.mlperf import perf_subset_indices
 from resnet8ptq.model import CanonicalModel, canonical_onnx, conversion_key, resolve_h5
@@ -74,12 +83,15 @@ def run(cfg: DictConfig, output_dir: Path, extra_tags: Mapping[str, str] | None 
     run_name = f"{backend.NAME}-{spec.dtype.label}-{spec.calib.method}{weights}-{granularity}"
     run_name += "".join(f"-{step}" for step in algo.steps)
     run_name += f"-raised{len(spec.raised_layers)}" if spec.raised_layers else ""
+    run_name += f"-mix{len(spec.layer_bits)}" if spec.layer_bits else ""
     run_name += f"-{device.label}" if device.enabled else ""
     identity = result_identity(cfg, backend)
     extra_tags = dict(extra_tags or {})
-    if spec.raised_layers:  # names checked before any work; the start configuration's hash groups the steps
+    if spec.raised_layers or spec.layer_bits:  # names and widths checked before any work
         graph = onnx.load(fp32_model(cfg.model.path, cfg.model.sha256, Path(cfg.cache_dir)).onnx_path)
         check_raised(spec.raised_layers, graph, spec.dtype.activation_bits)
+        check_layer_bits(spec, graph)
+    if spec.raised_layers:  # the start configuration's hash groups the steps
         extra_tags["mixed_precision.base_hash"] = config_hash({**params, "raised_layers": []}, identity)
     tags = {
         "backend": backend.NAME,
@@ -264,9 +276,12 @@ def quantize_and_evaluate(
     graph = onnx.load(prepared.onnx_path)
     shared = check_layers(quantized, spec, graph)
     first_last = check_first_last(quantized.layers, graph, spec)
+    own = check_own_widths(quantized.layers, graph, spec)
+    quantized.metrics |= configured_cost(graph, spec).metrics()  # the widths the checks above confirmed
     tolerance = cfg.native_tolerance_points
     result = evaluate_quantized(quantized, test_images, test_labels, run_name, tolerance)
     tags = {"dtype.first_last": first_last} if first_last else {}
+    tags |= {"layer_bits": own} if own else {}
     return Quantization(run_name, prepared, quantized, shared, result, tags=tags)
 
 

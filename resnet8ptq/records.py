@@ -43,6 +43,7 @@ QUANTIZATION_SETTINGS = (
     "algo",
     "per_channel",
     "reduce_range",
+    "layer_bits",
     "native_tolerance_points",
     "device",
 )

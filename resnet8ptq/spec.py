@@ -28,6 +28,9 @@ class QuantSpec:
     per_channel: bool = False
     reduce_range: bool = False  # weights in 7 bits (ORT's reduce_range): no u8s8 saturation without VNNI
     raised_layers: tuple[str, ...] = ()
+    layer_bits: tuple[tuple[str, int], ...] = ()
+    """Layers of their own width below 16 bits (`layer_bits`: (layer name, bits) pairs; weights 2..8,
+    activations 4..8), e.g. a budgeted mix: they take precedence over ``dtype.*_bits``."""
     learned_ranges: tuple[TensorRange, ...] = ()
     """Activation ranges an `algo` step learned (block reconstruction): the backend stores these tensors
     with them instead of calibrating them."""
@@ -41,6 +44,12 @@ class QuantSpec:
         repeated = sorted({name for name in self.raised_layers if self.raised_layers.count(name) > 1})
         if repeated:
             raise ValueError(f"raised_layers names {repeated} more than once.")
+        both = sorted(set(self.raised_layers) & {name for name, _ in self.layer_bits})
+        if both:
+            raise ValueError(f"layer_bits and raised_layers both name {both}: give each layer one width.")
+        wrong = [f"{name}={bits}" for name, bits in self.layer_bits if not 2 <= bits <= 8]
+        if wrong:
+            raise ValueError(f"layer_bits {wrong}: expected 2..8 bits (16-bit layers are raised_layers).")
 
     def raised_storage(self, kind: str) -> str:
         """The storage type of a raised ``kind`` ("activation"/"weight") layer: activations int16 or uint16,

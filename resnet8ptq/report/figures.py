@@ -195,6 +195,36 @@ def mixed_precision_png(searches: dict[str, tuple[pd.DataFrame, float | None]], 
     return path
 
 
+BUDGET_PNG = "report_budget.png"
+BUDGET_MEASURES = {"bops": ("bit operations per image (millions)", 1e-6),
+                   "weight_memory_bits": ("weight memory (kbit)", 1e-3)}  # fmt: skip
+
+
+def budget_png(runs: pd.DataFrame, fronts: dict[str, pd.Series], path: Path) -> Path:
+    """Accuracy (%) against each budget measure (one panel each): uniform widths as circles, budgeted
+    mixes as triangles, one colour per backend, each backend's Pareto front (``fronts[measure]``: a mask of
+    ``runs``) joined by a line."""
+    plt = pyplot()
+    fig, axes = plt.subplots(1, len(BUDGET_MEASURES), figsize=(12, 5))
+    for ax, (measure, (title, scale)) in zip(axes, BUDGET_MEASURES.items(), strict=True):
+        for i, (backend, group) in enumerate(runs.groupby("backend", sort=True)):
+            color = f"C{i}"
+            for mixed, marker, kind in ((False, "o", "uniform"), (True, "^", "budgeted mix")):
+                shown = group[(group["budget"] != "") == mixed]
+                ax.scatter(shown[measure] * scale, shown["accuracy_pct"], marker=marker, color=color,
+                           label=f"{backend} {kind}", zorder=3)  # fmt: skip
+            front = group[fronts[measure].loc[group.index]].sort_values(measure)
+            ax.step(front[measure] * scale, front["accuracy_pct"], where="post", color=color, alpha=0.6)
+        ax.set(xlabel=title, ylabel="accuracy (%)")
+        ax.grid(alpha=0.3)
+    axes[0].legend(loc="lower right", fontsize=8)
+    fig.suptitle("Accuracy vs budget: uniform widths and budgeted mixes (lines: each backend's Pareto front)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 DEVICE_NOISE_PNG = "report_device_noise.png"
 
 

@@ -59,6 +59,8 @@ EMPTY_COLUMNS = [
     "raised",
     "raised_count",
     "base_hash",
+    "budget",
+    "layer_bits",
     "reference",
     "device",
     "mcu_fits",
@@ -90,6 +92,8 @@ METRIC_COLUMNS = (
     "mcu_flash_bytes",
     "npu_cycles",
     "npu_inference_ms",
+    "bops",
+    "weight_memory_bits",
     *(f"{CLASS_METRIC}{name}" for name in CLASS_NAMES),
 )
 
@@ -121,6 +125,8 @@ def runs_frame(runs: Iterable[Run]) -> pd.DataFrame:
         first_last = tags.get("dtype.first_last", "").split(" bits", 1)[0]
         if first_last:
             dtype += f" fl{first_last}"
+        if tags.get("layer_bits"):  # layers of their own width (read back), e.g. a budgeted mix
+            dtype += " mixed"
         per_channel = (tags.get("per_channel") or params.get("per_channel", "?")).lower()
         machine = Hardware.from_tags(tags)
         raised = tags.get("mixed_precision.raised", "")
@@ -155,6 +161,8 @@ def runs_frame(runs: Iterable[Run]) -> pd.DataFrame:
                 "raised": raised,
                 "raised_count": len([name for name in raised.split(",") if name]),
                 "base_hash": tags.get("mixed_precision.base_hash", ""),
+                "budget": tags.get("mixed_precision.budget", ""),
+                "layer_bits": tags.get("layer_bits", ""),
                 "mcu_fits": tags.get("mcu.fits", ""),
                 **device_columns(tags),
                 **metrics,
@@ -230,6 +238,7 @@ def _configs(frame: pd.DataFrame) -> list[str]:
             reduced = " reduce-range" if row.reduce_range == "true" else ""
             algo = f" {row.algo}" if row.algo not in ("none", "") else ""
             raised = f" +{row.raised_count}x16-bit" if row.raised_count else ""
+            raised += f" within {row.budget}" if row.budget else ""
             device = f" @{row.device}" if row.device else ""
             configs.append(f"{row.backend} {row.dtype} {row.calib}{channel}{reduced}{algo}{raised}{device}")
     return configs

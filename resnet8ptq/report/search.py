@@ -1,5 +1,6 @@
 """Report sections of accuracy-aware search: an Optuna search's trials and Pareto front (from the sweep run's
-`search.*` tags), and the steps of each mixed-precision search (runs grouped by their start configuration)."""
+`search.*` tags), the steps of each mixed-precision search (runs grouped by their start configuration), and
+budgeted mixes against uniform widths (accuracy vs bit operations and weight memory)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,15 @@ import pandas as pd
 
 from resnet8ptq.drawing import draw
 from resnet8ptq.report.analysis import fmt, fmt_p, pareto_mask
-from resnet8ptq.report.figures import MIXED_PRECISION_PNG, SEARCH_PNG, mixed_precision_png, search_png
+from resnet8ptq.report.figures import (
+    BUDGET_MEASURES,
+    BUDGET_PNG,
+    MIXED_PRECISION_PNG,
+    SEARCH_PNG,
+    budget_png,
+    mixed_precision_png,
+    search_png,
+)
 from resnet8ptq.report.sections import Report, Table
 from resnet8ptq.search.objectives import REFUSED, TRIAL_TAG_PREFIX
 from resnet8ptq.search.target import TAG_PREFIX as MIXED_TAG_PREFIX
@@ -160,3 +169,54 @@ def _steps_table(steps: pd.DataFrame, target: float | None) -> Table:
         "p vs FP32", "within target", "size (KiB)", "throughput (img/s)", "latency b1 (ms)", "run",
     ]  # fmt: skip
     return Table(headers, rows) if rows else Table(headers, [["—"] * len(headers)])
+
+
+def budget_section(report: Report) -> list[str]:
+    """Budgeted mixes (`target.max_bops`/`max_weight_bits`) beside the uniform-width runs of the report:
+    accuracy, bit operations and weight memory of each, whether it is on its backend's Pareto front (fewer
+    BOPs, higher accuracy), and the plot."""
+    table = report.table[report.table["quantized"] & (report.table["reference"] == "")]
+    runs = table[table["bops"].notna() & (table["raised_count"] == 0)]
+    if not (runs["budget"] != "").any():
+        return []
+    runs = runs.sort_values(["backend", "bops", "accuracy_pct"], ascending=[True, True, False])
+    fronts = {
+        measure: pd.concat(
+            pd.Series(
+                pareto_mask(group[[measure, "accuracy_pct"]].to_numpy(float), [False, True]), group.index
+            )
+            for _, group in runs.groupby("backend")
+        )
+        for measure in BUDGET_MEASURES
+    }
+    rows = [
+        [
+            row.label,
+            row.budget or "uniform",
+            fmt(row.bops / 1e6, ".1f"),
+            fmt(row.weight_memory_bits / 1e3, ".1f"),
+            fmt(row.accuracy_pct, ".2f"),
+            _interval(row),
+            fmt(-row.delta_points, ".2f"),
+            fmt_p(row.p_vs_fp32_holm),
+            "yes" if fronts["bops"][row.Index] else "",
+            row.layer_bits or "—",
+            row.run_id[:8],
+        ]
+        for row in runs.itertuples()
+    ]
+    headers = [
+        "configuration", "budget", "MBOPs", "weight memory (kbit)", "accuracy (%)", "95% CI", "drop (points)",
+        "p vs FP32", "Pareto (BOPs)", "own widths (read back)", "run",
+    ]  # fmt: skip
+    section = [
+        "## Mixed precision under a budget",
+        "Each budgeted mix gives every layer the width of least predicted error within the budget (per-layer "
+        "sensitivity on the calibration sample, an integer program; `analysis/sensitivity.csv` of its run). "
+        "BOPs: multiply-accumulates x weight bits x input bits, per image; weight memory: conv/gemm weights "
+        "only. Pareto: no run of the same backend has fewer BOPs and a higher accuracy.",
+        Table(headers, rows).markdown(),
+    ]
+    path = report.out_dir / BUDGET_PNG
+    drawing = draw(budget_png, runs, fronts, path)
+    return [*section, report.image(path, "accuracy vs budget: uniform widths and budgeted mixes", drawing)]

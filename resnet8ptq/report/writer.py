@@ -23,7 +23,7 @@ from resnet8ptq.report.mcu import deployability_section
 from resnet8ptq.report.published import published_section
 from resnet8ptq.report.render import to_html
 from resnet8ptq.report.runs import comparison_table, configured, latest_per_config, runs_frame
-from resnet8ptq.report.search import mixed_precision_section, search_section
+from resnet8ptq.report.search import budget_section, mixed_precision_section, search_section
 from resnet8ptq.report.sections import (
     Report,
     comparison_rows,
@@ -71,7 +71,7 @@ def markdown(report: Report) -> str:
         parts.append(f"**{nothing_to_report_message(report)}**")
     else:
         parts += recommendation_section(table, report.max_drop_points)
-        parts += search_section(report) + mixed_precision_section(report)
+        parts += search_section(report) + mixed_precision_section(report) + budget_section(report)
     if len(table):
         parts += ["## Comparison", comparison_rows(table, report.max_drop_points).markdown(), COLUMNS_NOTE]
         parts += published_section(table) + execution_section(table)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -28,15 +28,37 @@ TAG_PREFIX = "mixed_precision."
 
 @dataclass
 class TargetConfig:
-    """``max_drop_points``: the largest accuracy drop (points vs the backend's FP32 model) to reach; None: no
-    mixed precision. ``layers_per_step``: layers raised per step. ``max_steps``: steps after the first run
-    (None: until every layer is 16-bit)."""
+    """Mixed precision. To an accuracy target: ``max_drop_points``, the largest accuracy drop (points vs the
+    backend's FP32 model) to reach (None: off); ``layers_per_step``: layers raised per step; ``max_steps``:
+    steps after the first run (None: until every layer is 16-bit). Under a budget
+    (:mod:`resnet8ptq.search.budget`): ``max_bops`` (bit operations per image) and/or ``max_weight_bits``
+    (weight memory in bits), each layer's width chosen from ``weight_choices``/``activation_choices``."""
 
     max_drop_points: float | None = None
     layers_per_step: int = 1
     max_steps: int | None = None
+    max_bops: float | None = None
+    max_weight_bits: float | None = None
+    weight_choices: list[int] = field(default_factory=lambda: [2, 3, 4, 5, 6, 8])
+    activation_choices: list[int] = field(default_factory=lambda: [4, 5, 6, 8])
+
+    @property
+    def budgeted(self) -> bool:
+        """Whether a budget is set (the search of :mod:`resnet8ptq.search.budget`)."""
+        return self.max_bops is not None or self.max_weight_bits is not None
 
     def __post_init__(self) -> None:
+        for name in ("max_bops", "max_weight_bits"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ValueError(f"target.{name}={value}: expected a positive budget, or null (off).")
+        for name, allowed in (("weight_choices", range(2, 9)), ("activation_choices", range(4, 9))):
+            values = list(getattr(self, name))
+            if not values or any(v not in allowed for v in values) or len(set(values)) != len(values):
+                raise ValueError(
+                    f"target.{name}={values}: expected distinct widths in "
+                    f"{allowed.start}..{allowed.stop - 1}."
+                )
         if self.max_drop_points is not None and self.max_drop_points < 0:
             raise ValueError(
                 f"target.max_drop_points={self.max_drop_points}: expected points >= 0, or null (off)."

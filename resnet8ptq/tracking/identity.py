@@ -28,6 +28,7 @@ RESULT_KEYS = (
     "per_channel",
     "reduce_range",
     "raised_layers",
+    "layer_bits",
     "native_tolerance_points",
     "data.calib_per_class",
     "data.seed",

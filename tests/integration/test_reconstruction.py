@@ -13,7 +13,7 @@ import pytest
 from onnx import numpy_helper
 
 from resnet8ptq.algorithms import AlgoConfig, Prepared, prepare
-from resnet8ptq.algorithms._reconstruction import Simulation, find_blocks, stored_activations
+from resnet8ptq.algorithms._reconstruction import find_blocks
 from resnet8ptq.backends.onnx.backend import OnnxRuntimeBackend
 from resnet8ptq.backends.onnx.widths import activation_qranges
 from resnet8ptq.backends.torch.backend import TorchBackend
@@ -22,6 +22,7 @@ from resnet8ptq.dtype import DtypeConfig, ort_scale_zero_point
 from resnet8ptq.execution import evaluate_quantized
 from resnet8ptq.layers import weight_widths
 from resnet8ptq.model import CanonicalModel
+from resnet8ptq.simulation import Simulation, stored_activations
 from resnet8ptq.spec import QuantSpec
 from resnet8ptq.weight_grid import channel_axis, quantized_weights, weight_grid
 

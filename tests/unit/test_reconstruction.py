@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from resnet8ptq.algorithms._reconstruction import LearnedStep
 from resnet8ptq.dtype import ort_scale_zero_point
+from resnet8ptq.simulation import LearnedStep
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,7 @@ from onnx import numpy_helper
 from onnxruntime.quantization import QuantType
 
 from resnet8ptq.dtype import bits_used, integer_range, ort_scale_zero_point
-from resnet8ptq.layers import expected_raised, model_layers, weight_widths, wide_layers
+from resnet8ptq.layers import activation_width, expected_raised, model_layers, weight_widths
 from resnet8ptq.model import layer_name
 from resnet8ptq.spec import RAISED_BITS, LayerPrecision, QuantSpec
 from resnet8ptq.weight_grid import channel_axis, quantized_weights, weight_grid
@@ -57,24 +57,19 @@ def tensor_overrides(
 
 
 def activation_widths(model: onnx.ModelProto, spec: QuantSpec, tensors: Iterable[str]) -> dict[str, int]:
-    """The width of each calibrated activation (``tensors``): 16 bits for a raised layer's, the storage
-    type's for the logits and what follows (:func:`narrowed_tensors`), ``dtype.first_last_bits`` for the
-    inputs of the first and last layers when set (:func:`resnet8ptq.layers.first_last_layers`), else
-    ``dtype.activation_bits``."""
+    """The width of each calibrated activation (``tensors``): the storage type's for the logits and what
+    follows (:func:`narrowed_tensors`), else :func:`resnet8ptq.layers.activation_width` (raised, own
+    ``layer_bits``, ``dtype.first_last_bits``, ``dtype.activation_bits``); 16 bits for a raised layer's."""
     tensors = list(tensors)
-    raised, wide = expected_raised(spec.raised_layers, model), wide_layers(model, spec)
+    raised = expected_raised(spec.raised_layers, model)
     narrowed = narrowed_tensors(model, tensors)
     storage_bits = 8 * np.dtype(spec.dtype.storage[0]).itemsize
     widths = {}
     for name in tensors:
-        if layer_name(name) in raised:
-            widths[name] = RAISED_BITS
-        elif name not in narrowed:
+        if name not in narrowed and layer_name(name) not in raised:
             widths[name] = storage_bits
-        elif layer_name(name) in wide:
-            widths[name] = spec.dtype.first_last_bits
         else:
-            widths[name] = spec.dtype.activation_bits
+            widths[name] = activation_width(layer_name(name), model, spec)
     return widths
 
 

@@ -78,6 +78,11 @@ def check_spec(spec: QuantSpec) -> None:
             f"{CAN_RUN}; no mixed precision (raised_layers): its converter quantizes every layer to one "
             f"mode. Use raised_layers=[]."
         )
+    if spec.layer_bits:
+        raise Unsupported(
+            f"{CAN_RUN}; no layer of its own width (layer_bits): its converter quantizes every layer to one "
+            f"mode. Use layer_bits={{}}."
+        )
     if dtype.first_last_bits is not None:
         raise Unsupported(
             f"{CAN_RUN}; no layer of its own width (dtype.first_last_bits): its converter quantizes every "

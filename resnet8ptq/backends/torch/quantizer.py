@@ -134,8 +134,8 @@ class OrtAlignedX86Quantizer(X86InductorQuantizer):
         missing = sorted(set(self.required) - done)
         if missing:
             raise Unsupported(
-                f"raised_layers or dtype.first_last_bits: {missing} are not quantized by the PyTorch recipe "
-                f"(X86InductorQuantizer); "
+                f"raised_layers, layer_bits or dtype.first_last_bits: {missing} are not quantized by the "
+                f"PyTorch recipe (X86InductorQuantizer); "
                 f"analysis/layer_sqnr.csv of a torch run lists the layers it quantizes."
             )
 
@@ -158,25 +158,27 @@ class OrtAlignedX86Quantizer(X86InductorQuantizer):
 
 def make_quantizer(spec: QuantSpec, onnx_path: Path) -> OrtAlignedX86Quantizer:
     """X86InductorQuantizer (conv/linear/add/relu fusion patterns) with the spec's config, 16-bit specs for
-    the spec's raised layers and ``dtype.first_last_bits`` specs for the first and last layers (names of
+    the spec's raised layers, specs of their own width for the ``layer_bits`` layers and
+    ``dtype.first_last_bits`` specs for the first and last layers (names of
     ``onnx_path``'s layers)."""
     import onnx
 
-    from resnet8ptq.layers import expected_raised, model_layers, wide_layers
+    from resnet8ptq.layers import expected_raised, model_layers, own_widths, wide_layers
     from resnet8ptq.weight_grid import quantized_weights
 
     graph_model = onnx.load(str(onnx_path))
     layers = model_layers(graph_model)
+    widths = dict.fromkeys(wide_layers(graph_model, spec), spec.dtype.first_last_bits)
+    widths |= own_widths(graph_model, spec)
     specs = {}
-    first_last = spec.dtype.first_last_bits
-    for name in wide_layers(graph_model, spec) & set(layers):  # not the graph input: torch sees its transpose
+    for name, bits in widths.items():
+        if name not in layers:  # the graph input: torch sees its transpose
+            continue
         if layers[name].kind == "activation":
-            specs[name] = activation_qspec(
-                spec, spec.dtype.storage[0], spec.dtype.activation_range(first_last)
-            )
+            specs[name] = activation_qspec(spec, spec.dtype.storage[0], spec.dtype.activation_range(bits))
         else:
             symmetric = spec.dtype.weight_symmetric(spec.per_channel)
-            qrange = spec.dtype.weight_range(symmetric, spec.reduce_range, first_last)
+            qrange = spec.dtype.weight_range(symmetric, spec.reduce_range, bits)
             specs[name] = weight_qspec(spec, spec.dtype.weight, qrange)
     for name in expected_raised(spec.raised_layers, graph_model):
         storage = spec.raised_storage(layers[name].kind)
