@@ -14,11 +14,13 @@ from a set so that the model fits the budget with the least predicted error, the
    within the budgets. BOPs multiply a layer's weight width by its input's, so each conv/gemm layer gets one
    binary per (weight width, input width) pair, tied to both layers' choices.
 
-Candidates: every conv/gemm weight and, with `target.max_bops`, every activation that ONNX Runtime's recipe
-stores with quantization of its own up to the last layer's input; not the first and last layers when
-`dtype.first_last_bits` holds them. With only `target.max_weight_bits` the activations keep
-``dtype.activation_bits`` (they are not in that budget). An activation no conv/gemm reads (a residual branch
-before its add) costs no bit operations, so the solver gives it its widest choice.
+Candidates: every conv/gemm weight and, with `target.max_bops`, every activation a conv/gemm reads (its
+input: HAWQ-V3's per-layer weight and activation widths); not the first and last layers when
+`dtype.first_last_bits` holds them. The other activations keep ``dtype.activation_bits``: with only
+`target.max_weight_bits` all of them (they are not in that budget), with `target.max_bops` those no conv/gemm
+reads, which cost no bit operations (e.g. a residual branch's conv output before its add, which ONNX
+Runtime's recipe stores and PyTorch's X86 recipe adds in the conv's epilogue: a width for it could not be
+held by both backends).
 
 The mix is chosen once on the FP32 model, before any `algo`: a configured algorithm then runs at the mix's
 widths. Sensitivity runs on one torch thread (a mix must not depend on `threads`) and is cached on disk by
@@ -32,7 +34,7 @@ import json
 import logging
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -78,7 +80,7 @@ def run_within_budget(cfg: DictConfig, output_dir: Path, run: Callable[..., str]
     measurement."""
     from resnet8ptq.config import quant_spec
     from resnet8ptq.data import calibration_set
-    from resnet8ptq.pipeline import fp32_model, load_dataset
+    from resnet8ptq.pipeline import fp32_model, load_dataset, make_backend
     from resnet8ptq.search.target import TargetConfig
 
     target = TargetConfig(**OmegaConf.to_container(cfg.target, resolve=True))
@@ -88,6 +90,8 @@ def run_within_budget(cfg: DictConfig, output_dir: Path, run: Callable[..., str]
     model = onnx.load(canonical.onnx_path)
     candidates = choosable(model, spec, with_activations=target.max_bops is not None)
     check_feasible(model, spec, candidates, target)
+    # A backend that cannot hold layers of their own width (TFLite) refuses before any measurement.
+    make_backend(cfg).check(replace(spec, layer_bits=tuple((c.layer, 8) for c in candidates)))
     data = load_dataset(cfg.data.root, cfg.data.download, cfg.cache_dir)
     images, _ = calibration_set(data, cfg.data.calib_per_class, cfg.data.seed)
     key = sensitivity_key(canonical.onnx_path, spec, target, cfg.data.calib_per_class, cfg.data.seed)
@@ -144,7 +148,7 @@ def budget_label(target) -> str:
 
 def choosable(model: onnx.ModelProto, spec: QuantSpec, with_activations: bool) -> list[Candidate]:
     """The layers the search chooses widths for (see the module's docstring), in model order."""
-    from resnet8ptq.layers import logit_layers, wide_layers
+    from resnet8ptq.layers import wide_layers
     from resnet8ptq.model import layer_name
     from resnet8ptq.simulation import stored_activations
     from resnet8ptq.weight_grid import quantized_weights
@@ -152,9 +156,9 @@ def choosable(model: onnx.ModelProto, spec: QuantSpec, with_activations: bool) -
     fixed = wide_layers(model, spec)
     found = [Candidate(layer_name(name), "weight", name) for name in quantized_weights(model)]
     if with_activations:
-        logits = logit_layers(model)
+        read = {shape.reads for shape in layer_shapes(model)}
         sources = dict.fromkeys(stored_activations(model).values())
-        found += [Candidate(layer_name(t), "activation", t) for t in sources if layer_name(t) not in logits]
+        found += [Candidate(layer_name(t), "activation", t) for t in sources if layer_name(t) in read]
     return [candidate for candidate in found if candidate.layer not in fixed]
 
 
