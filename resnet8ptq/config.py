@@ -8,6 +8,7 @@ Group schemas live with the code they configure: ``dtype`` in :mod:`resnet8ptq.d
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import pkgutil
 from dataclasses import dataclass, field
@@ -100,6 +101,20 @@ def register_backend_schemas() -> None:
 
 
 ConfigStore.instance().store(name="base_config", node=Config)
+
+
+def job_dirname(overrides: str, limit: int = 120) -> str:
+    """A sweep job's directory name from its overrides (``hydra.job.override_dirname``; resolver
+    ``job_dirname`` in ``conf/config.yaml``): slashes (layer names) made underscores, and a name too long for
+    a file system (255 bytes) cut, with a hash of the whole so that jobs stay apart."""
+    name = overrides.replace("/", "_")
+    if len(name.encode()) <= limit:
+        return name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:12]
+    return f"{name.encode()[: limit - 13].decode(errors='ignore')}-{digest}"
+
+
+OmegaConf.register_new_resolver("job_dirname", job_dirname, replace=True)
 register_backend_schemas()
 
 

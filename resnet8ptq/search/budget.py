@@ -94,7 +94,9 @@ def run_within_budget(cfg: DictConfig, output_dir: Path, run: Callable[..., str]
     make_backend(cfg).check(replace(spec, layer_bits=tuple((c.layer, 8) for c in candidates)))
     data = load_dataset(cfg.data.root, cfg.data.download, cfg.cache_dir)
     images, _ = calibration_set(data, cfg.data.calib_per_class, cfg.data.seed)
-    key = sensitivity_key(canonical.onnx_path, spec, target, cfg.data.calib_per_class, cfg.data.seed)
+    key = sensitivity_key(
+        canonical.onnx_path, spec, target, candidates, cfg.data.calib_per_class, cfg.data.seed
+    )
     noise = cached_sensitivity(Path(cfg.cache_dir) / "sensitivity" / f"{key}.csv", model, spec, candidates,
                                target, images)  # fmt: skip
     mix = solve(model, spec, candidates, noise, target)
@@ -137,12 +139,12 @@ def check_budget_settings(cfg: DictConfig, spec: QuantSpec) -> None:
 
 
 def budget_label(target) -> str:
-    """``bops<=2e+08, weight_bits<=3e+05``: the budgets set."""
+    """``bops<=200000000, weight_bits<=313728``: the budgets set, exactly."""
     parts = []
     if target.max_bops is not None:
-        parts.append(f"bops<={target.max_bops:.6g}")
+        parts.append(f"bops<={target.max_bops:.12g}")
     if target.max_weight_bits is not None:
-        parts.append(f"weight_bits<={target.max_weight_bits:.6g}")
+        parts.append(f"weight_bits<={target.max_weight_bits:.12g}")
     return ", ".join(parts)
 
 
@@ -194,9 +196,11 @@ def check_feasible(model: onnx.ModelProto, spec: QuantSpec, candidates: Sequence
             )
 
 
-def sensitivity_key(onnx_path: Path, spec: QuantSpec, target, per_class: int, seed: int) -> str:
-    """What a sensitivity table depends on, hashed: the model, the quantization settings, the choices, the
-    calibration sample, torch's version."""
+def sensitivity_key(
+    onnx_path: Path, spec: QuantSpec, target, candidates: Sequence[Candidate], per_class: int, seed: int
+) -> str:
+    """What a sensitivity table depends on, hashed: the model, the quantization settings, the candidates and
+    their choices, the calibration sample, torch's version."""
     import torch
 
     dtype = spec.dtype
@@ -212,7 +216,7 @@ def sensitivity_key(onnx_path: Path, spec: QuantSpec, target, per_class: int, se
         "calib": OmegaConf.to_yaml(OmegaConf.structured(spec.calib)),
         "per_channel": spec.per_channel,
         "choices": [list(target.weight_choices), list(target.activation_choices)],
-        "activations": target.max_bops is not None,
+        "candidates": [candidate.layer for candidate in candidates],
         "sample": [per_class, seed],
         "torch": torch.__version__,
     }

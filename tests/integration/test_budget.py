@@ -94,6 +94,18 @@ def test_both_backends_hold_the_same_mix_within_the_budget(budget_sweep) -> None
     assert "Sensitivity: reusing" in result.stdout + result.stderr
 
 
+def test_a_mix_of_the_uniform_widths_is_the_uniform_model(budget_sweep) -> None:
+    """With widths {2, 4, 8}, W4A4's BOPs leave no better mix than W4A4 itself (a layer at 8 bits needs
+    another at 2, whose noise is far larger): every layer of the mix is at 4 bits, and each backend's model
+    quantized through `layer_bits` has exactly the accuracy of its uniform W4A4 model."""
+    _, _, runs = budget_sweep
+    for backend in ("onnx", "torch"):
+        mix, uniform = runs[backend, True].data, runs[backend, False].data
+        assert {v for k, v in mix.params.items() if k.startswith("layer_bits.")} == {"4"}
+        assert mix.metrics["accuracy"] == uniform.metrics["accuracy"]
+        assert mix.tags["config_hash"] != uniform.tags["config_hash"]
+
+
 def test_the_sensitivity_is_logged_and_predicts_no_more_noise_than_uniform(budget_sweep) -> None:
     workdir, _, runs = budget_sweep
     mix = runs["onnx", True]
@@ -111,10 +123,11 @@ def test_the_sensitivity_is_logged_and_predicts_no_more_noise_than_uniform(budge
 
 def test_the_report_draws_the_budget_pareto_plot(budget_sweep) -> None:
     workdir, _, _ = budget_sweep
-    reports = list(workdir.glob("runs/multirun/*/*/report/report.md"))
+    reports = list(workdir.glob("runs/multirun/*/*/report.md"))
     assert len(reports) == 1
     text = reports[0].read_text()
     assert "## Mixed precision under a budget" in text
+    assert text.count("| bops<=221290496 |") == 2 and text.count("| uniform |") == 2
     assert (reports[0].parent / "report_budget.png").stat().st_size > 10_000
 
 

@@ -140,3 +140,20 @@ def test_threads_follow_the_cpu_affinity(
     cfg = composed(*([override] if override else []))
     assert threads_per_run(cfg) == expected
     assert instantiate(cfg.backend).threads == affinity  # a backend built without a count takes them all
+
+
+def test_a_sweep_job_directory_name_fits_a_file_system() -> None:
+    """Hydra names a job's directory after its overrides: a long list would exceed 255 bytes (OSError), and a
+    layer name's slash would nest directories."""
+    from resnet8ptq.config import job_dirname
+
+    assert (
+        job_dirname("backend=onnx,layer_bits.activation_1/Relu=6")
+        == "backend=onnx,layer_bits.activation_1_Relu=6"
+    )
+    long, other = (
+        "target.weight_choices=[2,4,8]," * 20 + "backend=onnx",
+        "target.weight_choices=[2,4,8]," * 20 + "b=t",
+    )
+    assert len(job_dirname(long).encode()) <= 120
+    assert job_dirname(long) != job_dirname(other)
