@@ -206,6 +206,9 @@ def budget_png(runs: pd.DataFrame, fronts: dict[str, pd.Series], path: Path) -> 
     ``runs``) joined by a line."""
     plt = pyplot()
     fig, axes = plt.subplots(1, len(BUDGET_MEASURES), figsize=(12, 5))
+    top = runs["accuracy_pct"].max()
+    floor = max(runs["accuracy_pct"].min() - 1, top - 25)  # collapsed runs would squash the rest
+    hidden = int((runs["accuracy_pct"] < floor).sum())
     for ax, (measure, (title, scale)) in zip(axes, BUDGET_MEASURES.items(), strict=True):
         for i, (backend, group) in enumerate(runs.groupby("backend", sort=True)):
             color = f"C{i}"
@@ -215,8 +218,12 @@ def budget_png(runs: pd.DataFrame, fronts: dict[str, pd.Series], path: Path) -> 
                            label=f"{backend} {kind}", zorder=3)  # fmt: skip
             front = group[fronts[measure].loc[group.index]].sort_values(measure)
             ax.step(front[measure] * scale, front["accuracy_pct"], where="post", color=color, alpha=0.6)
-        ax.set(xlabel=title, ylabel="accuracy (%)")
+        ax.set(xlabel=title, ylabel="accuracy (%)", ylim=(floor, top + 1))
         ax.grid(alpha=0.3)
+        if hidden:
+            ax.text(
+                0.02, 0.02, f"{hidden} runs below {floor:.0f}% not shown", transform=ax.transAxes, fontsize=8
+            )
     axes[0].legend(loc="lower right", fontsize=8)
     fig.suptitle("Accuracy vs budget: uniform widths and budgeted mixes (lines: each backend's Pareto front)")
     fig.tight_layout()

@@ -199,8 +199,8 @@ def check_feasible(model: onnx.ModelProto, spec: QuantSpec, candidates: Sequence
 def sensitivity_key(
     onnx_path: Path, spec: QuantSpec, target, candidates: Sequence[Candidate], per_class: int, seed: int
 ) -> str:
-    """What a sensitivity table depends on, hashed: the model, the quantization settings, the candidates and
-    their choices, the calibration sample, torch's version."""
+    """What a sensitivity table depends on, hashed: the model, the signedness, ranges and granularity, the
+    candidates and their choices, the calibration sample, torch's version."""
     import torch
 
     dtype = spec.dtype
