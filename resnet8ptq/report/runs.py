@@ -119,14 +119,16 @@ def runs_frame(runs: Iterable[Run]) -> pd.DataFrame:
         dtype = params.get("dtype") or f"{activation}/{weight}"  # the `dtype` choice, e.g. u8s8
         if reference:
             dtype = activation if activation == weight else f"{activation}/{weight}"
-        if bits != [8, 8] and dtype != f"a{bits[0]}w{bits[1]}":
+        mixed = bool(tags.get("layer_bits"))  # layers of their own width (read back), e.g. a budgeted mix
+        if mixed:  # the narrowest widths read back say little: the configured ones of the other layers
+            rest = [params.get(f"dtype.{role}_bits", "8") for role in ROLES]
+            dtype += f" mixed (rest a{rest[0]}w{rest[1]})"
+        elif bits != [8, 8] and dtype != f"a{bits[0]}w{bits[1]}":
             dtype += f" a{bits[0]}w{bits[1]}"  # widths set apart from the choice
         # The papers' convention, read back (tag "8 bits (read back): conv2d_1, ..."): "8", or "".
         first_last = tags.get("dtype.first_last", "").split(" bits", 1)[0]
         if first_last:
             dtype += f" fl{first_last}"
-        if tags.get("layer_bits"):  # layers of their own width (read back), e.g. a budgeted mix
-            dtype += " mixed"
         per_channel = (tags.get("per_channel") or params.get("per_channel", "?")).lower()
         machine = Hardware.from_tags(tags)
         raised = tags.get("mixed_precision.raised", "")
