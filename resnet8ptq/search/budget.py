@@ -203,16 +203,9 @@ def sensitivity_key(
     candidates and their choices, the calibration sample, torch's version."""
     import torch
 
-    dtype = spec.dtype
-    parts = {
+    parts = {  # not the configured widths: the other layers stay FP32 while one is measured
         "model": onnx_path.name,
-        "dtype": [
-            dtype.activation,
-            dtype.weight,
-            dtype.activation_bits,
-            dtype.weight_bits,
-            dtype.first_last_bits,
-        ],
+        "dtype": [spec.dtype.activation, spec.dtype.weight],
         "calib": OmegaConf.to_yaml(OmegaConf.structured(spec.calib)),
         "per_channel": spec.per_channel,
         "choices": [list(target.weight_choices), list(target.activation_choices)],

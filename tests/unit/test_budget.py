@@ -182,3 +182,22 @@ def test_a_budget_does_not_combine_with_a_drop_target_or_given_widths() -> None:
     given = OmegaConf.create({**base, "layer_bits": {"conv": 4}})
     with pytest.raises(ConfigError, match="leave layer_bits and raised_layers empty"):
         check_budget_settings(given, _spec())
+
+
+def test_one_sensitivity_serves_every_configured_width(tmp_path) -> None:
+    """The table measures one layer at a time with the rest FP32: the configured widths do not enter its
+    cache key, the candidates and their choices do."""
+    from pathlib import Path
+
+    from resnet8ptq.search.budget import sensitivity_key
+
+    path, target = Path("resnet8-x.onnx"), TargetConfig(max_bops=1e9)
+    w4a4 = QuantSpec(DtypeConfig("uint8", "int8", 4, 4), CalibConfig("minmax"), per_channel=True)
+    w8a8 = QuantSpec(DtypeConfig("uint8", "int8", 8, 8), CalibConfig("minmax"), per_channel=True)
+    key = sensitivity_key(path, w4a4, target, CANDIDATES, 100, 42)
+    assert sensitivity_key(path, w8a8, target, CANDIDATES, 100, 42) == key
+    assert sensitivity_key(path, w4a4, target, CANDIDATES[:2], 100, 42) != key
+    assert (
+        sensitivity_key(path, w4a4, TargetConfig(max_bops=1e9, weight_choices=[4, 8]), CANDIDATES, 100, 42)
+        != key
+    )
