@@ -35,7 +35,14 @@ import torch
 import torch.nn.functional as F
 
 from resnet8ptq.algorithms._rounding import REGULARIZATION, SoftRounding, regularization
-from resnet8ptq.simulation import Block, LearnedStep, Simulation, stored_activations, weighted_module
+from resnet8ptq.simulation import (
+    Block,
+    LearnedStep,
+    Simulation,
+    stored_activations,
+    torch_threads,
+    weighted_module,
+)
 from resnet8ptq.weight_grid import WeightGrid
 
 if TYPE_CHECKING:
@@ -89,12 +96,8 @@ def reconstruct(
     their grids in ``model`` (in place); return what was learned. Runs torch on one thread (then restores
     the count): over 2000 iterations per block, 1 and 2 threads learned different models (the gradients'
     sums run in another order), and `threads` is not part of a run's identity."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(LEARNING_THREADS)
-    try:
+    with torch_threads(LEARNING_THREADS):
         return _reconstruct(model, context, iterations, batch, drop_prob)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _reconstruct(

@@ -228,9 +228,12 @@ def cached_sensitivity(
     if path.exists():
         log.info("Sensitivity: reusing %s", path)
         return pd.read_csv(path)
-    table = layer_sensitivity(
-        model, spec, candidates, target.weight_choices, target.activation_choices, images
-    )
+    from resnet8ptq.simulation import torch_threads
+
+    with torch_threads(SENSITIVITY_THREADS):  # the mix must not depend on `threads`
+        table = layer_sensitivity(
+            model, spec, candidates, target.weight_choices, target.activation_choices, images
+        )
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_suffix(f".{os.getpid()}.tmp")
     table.to_csv(partial, index=False)
@@ -248,24 +251,6 @@ def layer_sensitivity(
 ) -> pd.DataFrame:
     """Per candidate layer and width: the mean squared error of the logits on ``images`` with that layer
     alone quantized at that width (columns layer, kind, bits, noise)."""
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(SENSITIVITY_THREADS)
-    try:
-        return _sensitivity(model, spec, candidates, weight_choices, activation_choices, images)
-    finally:
-        torch.set_num_threads(threads)
-
-
-def _sensitivity(
-    model: onnx.ModelProto,
-    spec: QuantSpec,
-    candidates: Sequence[Candidate],
-    weight_choices: Sequence[int],
-    activation_choices: Sequence[int],
-    images: np.ndarray,
-) -> pd.DataFrame:
     import torch
     from tqdm import tqdm
 

@@ -3,7 +3,6 @@ ORT's qdq_loss_debug compares (each quantized activation where it is dequantized
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import time
@@ -26,6 +25,7 @@ from resnet8ptq.backends.torch.convert import (
 from resnet8ptq.backends.torch.program import WEIGHTED_OPS, count_targets, is_zero_pad, qdq_op
 from resnet8ptq.calibration import batches
 from resnet8ptq.model import layer_name
+from resnet8ptq.simulation import torch_threads
 from resnet8ptq.spec import LayerError, sqnr_db
 
 log = logging.getLogger(__name__)
@@ -60,17 +60,6 @@ class _Recorder(fx.Interpreter):
         if n.name in self.nodes:
             self.values[n.name] = value
         return value
-
-
-@contextlib.contextmanager
-def _intra_op_threads(count: int) -> Iterator[None]:
-    """Run the block with ``count`` torch intra-op threads, then restore the previous setting."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(count)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(previous)
 
 
 def record(
@@ -127,7 +116,7 @@ def compare(
         record(measured, {node for _, node in nodes}, images, batch_size),
         strict=True,
     )
-    with _intra_op_threads(LAYER_ERROR_THREADS), torch.inference_mode():
+    with torch_threads(LAYER_ERROR_THREADS), torch.inference_mode():
         for ref_values, values in runs:
             for layer, (ref, node) in activations.items():
                 x, y = _pair_values(layer, ref, node, ref_values, values)
