@@ -16,9 +16,11 @@ MARK_LEGEND = "N native, N! native-mismatch, S simulated, - not run"
 
 
 def accuracy_map_section(report: Report) -> list[str]:
-    """Accuracy over weight bits x activation bits, per backend, dtype and granularity, when the runs vary
-    the widths: a heatmap and, per panel, a table; every panel spans every width any run had."""
+    """Accuracy over weight bits x activation bits, per backend, dtype, granularity and algorithm, when the
+    runs vary the widths: a heatmap and, per panel, a table; every panel spans every width any run had. Runs
+    with layers of their own width (mixed precision) are not a cell of it."""
     table = configured(report.table)
+    table = table[(table["layer_bits"] == "") & (table["raised_count"] == 0)]  # uniform widths only
     if table[["activation_bits", "weight_bits"]].drop_duplicates().shape[0] < 2:
         return []
     kind = {role: table[role].str.extract(r"^(u?int)", expand=False) for role in ("activation", "weight")}
@@ -28,11 +30,12 @@ def accuracy_map_section(report: Report) -> list[str]:
         "columns": pd.Index(sorted(table["activation_bits"].unique()), name="activation_bits"),
     }
     maps, kinds, section = {}, {}, ["## Accuracy by bit width"]
-    for (backend, types, per_channel, calib, reduced, first_last), group in table.groupby(
-        ["backend", signedness, "per_channel", "calib", "reduce_range", "first_last_bits"], sort=True
+    for (backend, types, per_channel, calib, reduced, first_last, algo), group in table.groupby(
+        ["backend", signedness, "per_channel", "calib", "reduce_range", "first_last_bits", "algo"], sort=True
     ):
         granularity = "per-channel" if per_channel == "true" else "per-tensor"
         title = f"{backend} {types} {calib} {granularity}" + (" reduce-range" if reduced == "true" else "")
+        title += f" {algo}" if algo not in ("none", "") else ""
         title += f", first and last layers at {first_last} bits" if first_last else ""
         cells = group.drop_duplicates(["activation_bits", "weight_bits"]).set_index(
             ["weight_bits", "activation_bits"]

@@ -458,17 +458,20 @@ def test_report_failure_never_fails_the_sweep(monkeypatch, caplog) -> None:
 
 
 def test_accuracy_map_of_a_bit_width_sweep(tmp_path: Path) -> None:
-    """Weight bits x activation bits per backend and granularity; cells say native/simulated; gaps are '-'."""
+    """Weight bits x activation bits per backend and granularity; cells say native/simulated; gaps are '-';
+    mixed runs are not cells."""
     rows = [
         {"backend": backend, "activation": "uint8", "weight": "int8", "activation_bits": a, "weight_bits": w,
          "per_channel": "true", "calib": "minmax", "reduce_range": "false", "quantized": True,
          "accuracy_pct": 80.0 + a + w / 10, "execution": "native" if a == 8 else "simulated",
-         "first_last_bits": first_last}
+         "first_last_bits": first_last, "algo": "none", "layer_bits": "", "raised_count": 0}
         for backend, cells, first_last in (
             ("onnx", [(8, 4), (8, 8)], ""), ("torch", [(6, 4), (8, 4), (8, 8)], ""), ("torch", [(4, 4)], "8")
         )
         for a, w in cells
     ]  # fmt: skip
+    # A budgeted mix whose narrowest layers are at W4A6 is not that cell (listed first: it would win it).
+    rows.insert(0, {**rows[2], "accuracy_pct": 50.0, "layer_bits": "conv2d_1=4, activation_1/Relu=6"})
     table = pd.DataFrame(rows)
     report_ = sections.Report("t", [], table, table.iloc[:0], 5.0, tmp_path)
     text = "\n\n".join(widths.accuracy_map_section(report_))
