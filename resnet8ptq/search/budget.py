@@ -44,15 +44,15 @@ from omegaconf import DictConfig, OmegaConf
 
 from resnet8ptq.cost import LayerShape, ModelCost, layer_shapes, model_cost
 from resnet8ptq.errors import ConfigError
+from resnet8ptq.search.target import TargetConfig
 from resnet8ptq.spec import QuantSpec
 
 log = logging.getLogger(__name__)
 
 TAG_PREFIX = "mixed_precision."
-BUDGET_TAGS = ("budget", "predicted_noise", "candidates")
-"""Run tags `mixed_precision.budget` (the budgets, e.g. ``bops<=2e+08``), `.predicted_noise` (the solver's
-sum of the chosen widths' noise), `.candidates` (how many layers it chose for)."""
-SENSITIVITY_ARTIFACT = "analysis/sensitivity.csv"
+"""Run tags `mixed_precision.budget` (the budgets, e.g. ``bops<=221290496``), `.predicted_noise` (the solver's
+sum of the chosen widths' noise), `.candidates` (how many layers it chose widths for)."""
+SENSITIVITY_DIR = "analysis"  # the run's artifact analysis/sensitivity.csv
 SENSITIVITY_THREADS = 1
 
 
@@ -81,10 +81,9 @@ def run_within_budget(cfg: DictConfig, output_dir: Path, run: Callable[..., str]
     from resnet8ptq.config import quant_spec
     from resnet8ptq.data import calibration_set
     from resnet8ptq.pipeline import fp32_model, load_dataset, make_backend
-    from resnet8ptq.search.target import TargetConfig
 
+    spec = quant_spec(cfg)  # validates `target` too: ConfigError before any work
     target = TargetConfig(**OmegaConf.to_container(cfg.target, resolve=True))
-    spec = quant_spec(cfg)
     check_budget_settings(cfg, spec)
     canonical = fp32_model(cfg.model.path, cfg.model.sha256, Path(cfg.cache_dir))
     model = onnx.load(canonical.onnx_path)
@@ -138,7 +137,7 @@ def check_budget_settings(cfg: DictConfig, spec: QuantSpec) -> None:
         )
 
 
-def budget_label(target) -> str:
+def budget_label(target: TargetConfig) -> str:
     """``bops<=200000000, weight_bits<=313728``: the budgets set, exactly."""
     parts = []
     if target.max_bops is not None:
@@ -176,7 +175,9 @@ def fixed_widths(
     return weights, activations
 
 
-def check_feasible(model: onnx.ModelProto, spec: QuantSpec, candidates: Sequence[Candidate], target) -> None:
+def check_feasible(
+    model: onnx.ModelProto, spec: QuantSpec, candidates: Sequence[Candidate], target: TargetConfig
+) -> None:
     """ConfigError when even the narrowest mix (every candidate at its smallest choice) exceeds a budget."""
     shapes = layer_shapes(model)
     weights, activations = fixed_widths(model, spec, shapes)
@@ -197,7 +198,12 @@ def check_feasible(model: onnx.ModelProto, spec: QuantSpec, candidates: Sequence
 
 
 def sensitivity_key(
-    onnx_path: Path, spec: QuantSpec, target, candidates: Sequence[Candidate], per_class: int, seed: int
+    onnx_path: Path,
+    spec: QuantSpec,
+    target: TargetConfig,
+    candidates: Sequence[Candidate],
+    per_class: int,
+    seed: int,
 ) -> str:
     """What a sensitivity table depends on, hashed: the model, the signedness, ranges and granularity, the
     candidates and their choices, the calibration sample, torch's version."""
@@ -221,7 +227,7 @@ def cached_sensitivity(
     model: onnx.ModelProto,
     spec: QuantSpec,
     candidates: Sequence[Candidate],
-    target,
+    target: TargetConfig,
     images: np.ndarray,
 ) -> pd.DataFrame:
     """:func:`layer_sensitivity`, read from ``path`` when an earlier run measured it (written atomically)."""
@@ -313,7 +319,11 @@ def _row(candidate: Candidate, bits: int, logits, reference) -> dict[str, object
 
 
 def solve(
-    model: onnx.ModelProto, spec: QuantSpec, candidates: Sequence[Candidate], noise: pd.DataFrame, target
+    model: onnx.ModelProto,
+    spec: QuantSpec,
+    candidates: Sequence[Candidate],
+    noise: pd.DataFrame,
+    target: TargetConfig,
 ) -> Mix:
     """The mix of least total noise within the budgets: an integer program over one binary per (candidate,
     width) and, with a BOPs budget, per (conv/gemm layer, weight width, input width)."""
@@ -403,4 +413,4 @@ def _log_sensitivity(run_id: str, noise: pd.DataFrame, output_dir: Path) -> None
 
     path = output_dir / "sensitivity.csv"
     noise.to_csv(path, index=False)
-    log_artifacts(run_id, [("analysis", path)])
+    log_artifacts(run_id, [(SENSITIVITY_DIR, path)])
