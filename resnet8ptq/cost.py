@@ -2,8 +2,8 @@
 (bits of the conv/gemm weights: parameters x their width; biases, 32-bit in every backend, are left out) and
 **bit operations** (BOPs: per conv/gemm layer, its multiply-accumulates x its weights' width x the width of
 the activation it reads; AIMET's and HAWQ-V3's measure, one image). Both come from the widths a
-configuration gives each layer (:func:`layer_costs`), which the run's read-back checks confirm in the saved
-model."""
+configuration gives each layer (:func:`configured_widths`), which the run's read-back checks confirm in the
+saved model."""
 
 from __future__ import annotations
 
@@ -15,9 +15,6 @@ import onnx
 from resnet8ptq.model import layer_name
 from resnet8ptq.spec import RAISED_BITS, QuantSpec
 from resnet8ptq.weight_grid import quantized_weights
-
-METRICS = ("weight_memory_bits", "bops")
-"""The run metrics of :meth:`ModelCost.metrics`."""
 
 
 @dataclass(frozen=True)
@@ -46,14 +43,14 @@ def layer_shapes(model: onnx.ModelProto) -> list[LayerShape]:
     """Every conv/gemm layer of the model with its MACs for one image (ONNX shape inference) and the
     activation layer it reads (back through ops that take their input's quantization: the one that decides
     its input's width)."""
-    from resnet8ptq.layers import SHARING_OPS
+    from resnet8ptq.layers import sharing
 
     inferred = onnx.shape_inference.infer_shapes(model)
     dims = {
         value.name: [d.dim_value or 1 for d in value.type.tensor_type.shape.dim]
         for value in [*inferred.graph.value_info, *inferred.graph.output, *inferred.graph.input]
     }
-    producers = {tensor: node for node in model.graph.node for tensor in node.output}
+    origins = sharing(model)  # a reshape of a pool of a ReLU reads the ReLU's quantization
     shapes = []
     for name, (node, weight) in quantized_weights(model).items():
         out = dims.get(node.output[0])
@@ -63,12 +60,8 @@ def layer_shapes(model: onnx.ModelProto) -> list[LayerShape]:
             macs = int(np.prod(weight.shape)) * int(np.prod(out[2:]))
         else:  # Gemm/MatMul: every weight once per row of the output
             macs = int(np.prod(weight.shape)) * int(np.prod(out[1:-1] or [1]))
-        tensor = node.input[0]
-        while tensor in producers and producers[tensor].op_type in SHARING_OPS:
-            if producers[tensor].input[0] not in producers:  # a graph input's transpose: quantized itself
-                break
-            tensor = producers[tensor].input[0]
-        shapes.append(LayerShape(layer_name(name), layer_name(tensor), macs, int(weight.size)))
+        reads = layer_name(node.input[0])
+        shapes.append(LayerShape(layer_name(name), origins.get(reads, reads), macs, int(weight.size)))
     return shapes
 
 
@@ -82,17 +75,24 @@ def model_cost(
     return ModelCost(memory, bops)
 
 
-def configured_cost(model: onnx.ModelProto, spec: QuantSpec) -> ModelCost:
-    """The cost of the widths ``spec`` gives each layer of ``model``: weights at their width
-    (:func:`resnet8ptq.layers.weight_widths`; 16 bits when raised; 7 with ``reduce_range``), each read
-    activation at its width (:func:`resnet8ptq.layers.activation_width`)."""
+def configured_widths(
+    model: onnx.ModelProto, spec: QuantSpec, shapes: list[LayerShape]
+) -> tuple[dict[str, int], dict[str, int]]:
+    """The widths ``spec`` gives the layers of ``shapes``, as :func:`model_cost` takes them: each weight
+    layer's (:func:`resnet8ptq.layers.weight_widths`; 16 bits when raised; 7 with ``reduce_range``) and each
+    read activation's (:func:`resnet8ptq.layers.activation_width`)."""
     from resnet8ptq.layers import activation_width, weight_widths
 
-    shapes = layer_shapes(model)
     widths = {layer_name(name): bits for name, bits in weight_widths(model, spec).items()}
     weight_bits = {}
     for shape in shapes:
         bits = RAISED_BITS if shape.weight in spec.raised_layers else widths[shape.weight]
         weight_bits[shape.weight] = 7 if spec.reduce_range and bits == 8 else bits
     activation_bits = {shape.reads: activation_width(shape.reads, model, spec) for shape in shapes}
-    return model_cost(shapes, weight_bits, activation_bits)
+    return weight_bits, activation_bits
+
+
+def configured_cost(model: onnx.ModelProto, spec: QuantSpec) -> ModelCost:
+    """The cost of the widths ``spec`` gives each layer of ``model`` (:func:`configured_widths`)."""
+    shapes = layer_shapes(model)
+    return model_cost(shapes, *configured_widths(model, spec, shapes))

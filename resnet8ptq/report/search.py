@@ -19,6 +19,7 @@ from resnet8ptq.report.figures import (
     mixed_precision_png,
     search_png,
 )
+from resnet8ptq.report.runs import configured
 from resnet8ptq.report.sections import Report, Table
 from resnet8ptq.search.objectives import REFUSED, TRIAL_TAG_PREFIX
 from resnet8ptq.search.target import TAG_PREFIX as MIXED_TAG_PREFIX
@@ -175,7 +176,7 @@ def budget_section(report: Report) -> list[str]:
     """Budgeted mixes (`target.max_bops`/`max_weight_bits`) beside the uniform-width runs of the report:
     accuracy, bit operations and weight memory of each, whether it is on its backend's Pareto front (fewer
     BOPs, higher accuracy), and the plot."""
-    table = report.table[report.table["quantized"] & (report.table["reference"] == "")]
+    table = configured(report.table)
     runs = table[table["bops"].notna() & (table["raised_count"] == 0)]
     if not (runs["budget"] != "").any():
         return []

@@ -42,7 +42,7 @@ import onnx
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
-from resnet8ptq.cost import LayerShape, ModelCost, layer_shapes, model_cost
+from resnet8ptq.cost import ModelCost, configured_widths, layer_shapes, model_cost
 from resnet8ptq.errors import ConfigError
 from resnet8ptq.search.target import TargetConfig
 from resnet8ptq.spec import QuantSpec
@@ -163,24 +163,12 @@ def choosable(model: onnx.ModelProto, spec: QuantSpec, with_activations: bool) -
     return [candidate for candidate in found if candidate.layer not in fixed]
 
 
-def fixed_widths(
-    model: onnx.ModelProto, spec: QuantSpec, shapes: Sequence[LayerShape]
-) -> tuple[dict[str, int], dict[str, int]]:
-    """The widths the configuration gives every weight layer and every read activation, before a mix."""
-    from resnet8ptq.layers import activation_width, weight_widths
-    from resnet8ptq.model import layer_name
-
-    weights = {layer_name(name): bits for name, bits in weight_widths(model, spec).items()}
-    activations = {shape.reads: activation_width(shape.reads, model, spec) for shape in shapes}
-    return weights, activations
-
-
 def check_feasible(
     model: onnx.ModelProto, spec: QuantSpec, candidates: Sequence[Candidate], target: TargetConfig
 ) -> None:
     """ConfigError when even the narrowest mix (every candidate at its smallest choice) exceeds a budget."""
     shapes = layer_shapes(model)
-    weights, activations = fixed_widths(model, spec, shapes)
+    weights, activations = configured_widths(model, spec, shapes)
     for candidate in candidates:
         narrowest = min(target.weight_choices if candidate.kind == "weight" else target.activation_choices)
         (weights if candidate.kind == "weight" else activations)[candidate.layer] = narrowest
@@ -330,7 +318,7 @@ def solve(
     from scipy.optimize import Bounds, LinearConstraint, milp
 
     shapes = layer_shapes(model)
-    fixed_weights, fixed_activations = fixed_widths(model, spec, shapes)
+    fixed_weights, fixed_activations = configured_widths(model, spec, shapes)
     choices = {
         c.layer: list(target.weight_choices if c.kind == "weight" else target.activation_choices)
         for c in candidates

@@ -42,11 +42,6 @@ class TargetConfig:
     weight_choices: list[int] = field(default_factory=lambda: [2, 3, 4, 5, 6, 8])
     activation_choices: list[int] = field(default_factory=lambda: [4, 5, 6, 8])
 
-    @property
-    def budgeted(self) -> bool:
-        """Whether a budget is set (the search of :mod:`resnet8ptq.search.budget`)."""
-        return self.max_bops is not None or self.max_weight_bits is not None
-
     def __post_init__(self) -> None:
         for name in ("max_bops", "max_weight_bits"):
             value = getattr(self, name)
