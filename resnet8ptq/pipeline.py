@@ -269,8 +269,9 @@ def quantize_and_evaluate(
     """The PTQ algorithms on the FP32 model (`algo`), the quantization, the check of its layers (raised,
     first and last), and the evaluation of both forms on the full test set."""
     prepared = prepare(
-        algo, canonical.onnx_path, calibration_images, spec, output_dir / "algo", cfg.data.seed
-    )
+        algo, canonical.onnx_path, calibration_images, spec, output_dir / "algo", cfg.data.seed,
+        Path(cfg.cache_dir),
+    )  # fmt: skip
     source = source_path(backend, canonical, prepared.onnx_path)
     quantized = backend.quantize(source, calibration_images, prepared.learned(spec), output_dir / "model")
     graph = onnx.load(prepared.onnx_path)

@@ -62,9 +62,13 @@ def options() -> dict[str, list[str]]:
 @dataclass
 class _AlgoSettings:
     """``steps``: the algorithms to apply, at most one per stage, in the order of their stages (empty:
-    none); the parameters of every algorithm follow as ``<name>_<field>`` (:class:`AlgoConfig`)."""
+    none); ``reuse``: whether an earlier run's output may be reused; the parameters of every algorithm
+    follow as ``<name>_<field>`` (:class:`AlgoConfig`)."""
 
     steps: list[str] = field(default_factory=list)
+    reuse: bool = True
+    """Take the steps' output from ``cache_dir`` when a run with the same inputs computed it
+    (:mod:`._cache`): a sweep over backends learns once. False: compute it again (and store it)."""
 
     def __post_init__(self) -> None:
         known = algorithms()
@@ -118,7 +122,7 @@ def parameter_defaults() -> dict[str, Any]:
     return {
         f"algo.{item.name}": getattr(defaults, item.name)
         for item in dataclasses.fields(AlgoConfig)
-        if item.name != "steps"
+        if item.name not in {settings.name for settings in dataclasses.fields(_AlgoSettings)}
     }
 
 
@@ -157,18 +161,47 @@ def prepare(
     spec: QuantSpec,
     workdir: Path,
     seed: int = 0,
+    cache_dir: Path | None = None,
 ) -> Prepared:
     """Apply ``algo``'s steps, in order, to the model at ``onnx_path``, saved as
-    ``workdir/model_fp32_algo.onnx``; the model itself when there are none."""
+    ``workdir/model_fp32_algo.onnx``; the model itself when there are none. With ``cache_dir`` (and
+    ``algo.reuse``), an earlier run's output for the same inputs is taken from there instead, with the
+    seconds it took then and the tag ``algo.reused=true``; a new output is stored there."""
     if not algo.steps:
         return Prepared(onnx_path)
+    from resnet8ptq.algorithms import _cache
+
+    entry_key = None
+    if cache_dir is not None and algo.reuse:
+        steps = {name: algo.parameters(name) for name in algo.steps}
+        entry_key = _cache.key(onnx_path, calibration_images, spec, steps, seed)
+        found = _cache.load(cache_dir, entry_key, workdir)
+        if found is not None:
+            return Prepared(found.model, found.seconds, found.tags | {REUSED_TAG: "true"}, found.ranges)
+    prepared = _apply(algo, onnx_path, calibration_images, spec, workdir, seed)
+    if entry_key is not None:
+        entry = _cache.Entry(prepared.onnx_path, prepared.seconds, prepared.tags, prepared.ranges)
+        _cache.store(cache_dir, entry_key, entry)
+    if cache_dir is None:
+        return prepared
+    return dataclasses.replace(prepared, tags=prepared.tags | {REUSED_TAG: "false"})
+
+
+REUSED_TAG = "algo.reused"
+"""``true`` when a run took its algorithms' output from an earlier run's (`algo.reuse`)."""
+
+
+def _apply(
+    algo: AlgoConfig, onnx_path: Path, images: np.ndarray, spec: QuantSpec, workdir: Path, seed: int
+) -> Prepared:
+    """The steps run, in order, on a copy of the model at ``onnx_path``."""
     import onnx
 
     from resnet8ptq.model import save_onnx
 
     start = time.perf_counter()
     model = onnx.load(onnx_path)
-    context = Context(calibration_images, spec, seed)
+    context = Context(images, spec, seed)
     tags = {}
     for name in algo.steps:
         algorithm = algorithms()[name](algo.parameters(name))

@@ -37,8 +37,9 @@ RESULT_KEYS = (
     "mlflow.log_models",
     "device",
 )
-NOT_RESULT = ("device.batch_size",)
-"""Keys under RESULT_KEYS that change how a run computes, not what it gives (memory per step)."""
+NOT_RESULT = ("device.batch_size", "algo.reuse")
+"""Keys under RESULT_KEYS that change how a run computes, not what it gives (memory per step; whether the
+algorithms' output may come from an earlier run's)."""
 
 
 GROUP_CHOICES = ("backend", "dtype", "calib", "algo", "device")

@@ -143,11 +143,12 @@ def test_4_bit_weights_lose_accuracy_without_an_algorithm(quantized, backend: st
 def test_sweep_skips_what_a_backend_refuses_and_records_why(  # and records widths and the algorithm
     run_cli, tmp_path: Path, initialised_store: Path
 ) -> None:
+    """Also: the second backend takes the first one's algorithm output (`algo.reuse`)."""
     shutil.copy(initialised_store, tmp_path / "mlflow.db")
     result = run_cli(
         tmp_path,
         "-m",
-        "backend=onnx,tflite",
+        "backend=onnx,tflite,torch",
         "dtype=int8",
         "dtype.activation_bits=6",
         "dtype.weight_bits=5",
@@ -161,8 +162,16 @@ def test_sweep_skips_what_a_backend_refuses_and_records_why(  # and records widt
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     runs = client.search_runs([client.get_experiment_by_name("resnet8ptq").experiment_id])
     (parent,) = (r for r in runs if r.data.tags.get("sweep") == "true")
-    (child,) = (r for r in runs if r.data.tags.get("quantized") == "true")
-    assert parent.info.status == child.info.status == "FINISHED"
+    child, reusing = (
+        next(r for r in runs if r.data.tags.get("quantized") == "true" and r.data.tags["backend"] == backend)
+        for backend in ("onnx", "torch")
+    )
+    assert len([r for r in runs if r.data.tags.get("quantized") == "true"]) == 2
+    assert parent.info.status == child.info.status == reusing.info.status == "FINISHED"
+    # computed by the first run, taken by the second with what it did and the seconds it took
+    assert (child.data.tags["algo.reused"], reusing.data.tags["algo.reused"]) == ("false", "true")
+    assert reusing.data.tags["algo.cle_pairs"] == child.data.tags["algo.cle_pairs"]
+    assert reusing.data.metrics["algo_seconds"] == child.data.metrics["algo_seconds"]
     refusals = {k: v for k, v in parent.data.tags.items() if k.startswith("unsupported.")}
     assert list(refusals.values()) == [
         f"{CAN_RUN}; not int6-int5: its converter has no other integer types or widths."

@@ -63,6 +63,7 @@ def test_config_hash_changes_with_what_changes_the_result(override: str) -> None
         "search.objectives=[accuracy,model_size_bytes]",
         "target.max_drop_points=0.1",
         "target.layers_per_step=4",
+        "algo.reuse=false",  # the same output, computed again
     ],
 )
 def test_config_hash_ignores_what_does_not(override: str) -> None:

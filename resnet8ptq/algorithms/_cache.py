@@ -1,0 +1,120 @@
+"""The algorithms' output on disk (``cache_dir/algo/<key>/``), so that runs that differ only in what comes
+after the algorithms (the backend, the `device`, the reports) learn once: a sweep ``backend=onnx,torch
+algo=brecq`` reconstructs the model once and both backends quantize the same learned model.
+
+The key is everything the output depends on: the FP32 model's bytes, the calibration images' bytes, the
+quantization spec, the steps and their parameters, the seed, the libraries that compute it, this package's
+source code (any change to it makes a new key) and the CPU's instruction-set features (learned rounding
+differs between CPU kinds: docs/algorithms.md#reproducibility-of-learned-rounding). An entry is written
+into a scratch directory and renamed into place, so a reader never sees half of one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+from functools import cache
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from resnet8ptq.spec import QuantSpec
+
+CACHE_SUBDIR = "algo"
+RECORD_FILE = "prepared.json"
+LIBRARIES = ("numpy", "onnx", "onnxruntime", "onnx2torch", "torch")
+"""What the algorithms compute with (ONNX Runtime for bias correction, torch for the learned ones)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    """One cached output: the transformed FP32 model, the seconds the steps took when they ran, their tags,
+    the learned activation ranges."""
+
+    model: Path
+    seconds: float
+    tags: dict[str, str]
+    ranges: dict[str, tuple[float, float]]
+
+
+def key(
+    onnx_path: Path,
+    images: np.ndarray,
+    spec: QuantSpec,
+    steps: dict[str, Any],
+    seed: int,
+) -> str:
+    """A short hash of what the steps' output depends on; ``steps``: name -> its parameters (a dataclass or
+    None), in order."""
+    from resnet8ptq.hardware import detect
+
+    parts = {
+        "model": hashlib.sha256(onnx_path.read_bytes()).hexdigest(),
+        "images": [hashlib.sha256(images.tobytes()).hexdigest(), list(images.shape), str(images.dtype)],
+        "spec": dataclasses.asdict(dataclasses.replace(spec, learned_ranges=())),
+        "steps": [
+            [name, dataclasses.asdict(parameters) if parameters is not None else None]
+            for name, parameters in steps.items()
+        ],
+        "seed": seed,
+        "libraries": {name: _version(name) for name in LIBRARIES},
+        "source": source_fingerprint(),
+        "isa": list(detect().isa),
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+@cache
+def source_fingerprint() -> str:
+    """A hash of this package's Python source: a change to the code is a new key, never a stale output."""
+    package = Path(__file__).resolve().parents[1]
+    digest = hashlib.sha256()
+    for path in sorted(package.rglob("*.py")):
+        digest.update(str(path.relative_to(package)).encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def load(cache_dir: Path, entry_key: str, workdir: Path) -> Entry | None:
+    """The entry under ``entry_key``, its model copied into ``workdir``; None when there is none."""
+    entry = cache_dir / CACHE_SUBDIR / entry_key
+    if not (entry / RECORD_FILE).exists():
+        return None
+    record = json.loads((entry / RECORD_FILE).read_text())
+    if not (entry / record["model"]).exists():
+        return None
+    workdir.mkdir(parents=True, exist_ok=True)
+    model = Path(shutil.copyfile(entry / record["model"], workdir / record["model"]))
+    ranges = {tensor: (low, high) for tensor, (low, high) in record["ranges"].items()}
+    return Entry(model, record["seconds"], record["tags"], ranges)
+
+
+def store(cache_dir: Path, entry_key: str, found: Entry) -> None:
+    """Save ``found`` under ``entry_key``, atomically (a scratch directory renamed into place); another
+    process that stored the same key first wins. A cache that cannot be written only costs a re-run."""
+    root = cache_dir / CACHE_SUBDIR
+    scratch = root / f"{entry_key}.{os.getpid()}.tmp"
+    try:
+        scratch.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(found.model, scratch / found.model.name)
+        record = {"model": found.model.name, "seconds": found.seconds, "tags": found.tags}
+        record["ranges"] = found.ranges
+        (scratch / RECORD_FILE).write_text(json.dumps(record, indent=1, sort_keys=True))
+        os.rename(scratch, root / entry_key)
+    except OSError:
+        pass  # written by another process meanwhile, or not writable
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _version(name: str) -> str:
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return "absent"

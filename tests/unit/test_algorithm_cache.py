@@ -1,0 +1,150 @@
+"""The algorithms' output reused across runs (`algo.reuse`, resnet8ptq/algorithms/_cache.py): computed once
+for the same inputs, taken back with its seconds, tags and learned ranges; a new key for any input that
+changes the output; never a half-written entry."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+import resnet8ptq.algorithms as algorithms
+from resnet8ptq.algorithms import AlgoConfig, Prepared, _cache, prepare
+from resnet8ptq.calibration import CalibConfig
+from resnet8ptq.dtype import DtypeConfig
+from resnet8ptq.spec import QuantSpec
+
+SPEC = QuantSpec(DtypeConfig("int8", "int8"), CalibConfig("minmax"))
+IMAGES = np.zeros((2, 1, 2, 2), np.float32)
+
+
+@pytest.fixture
+def tiny(tmp_path: Path) -> Path:
+    """A one-conv ONNX model."""
+    conv = onnx.helper.make_node("Conv", ["x", "w"], ["y"], name="conv")
+    graph = onnx.helper.make_graph(
+        [conv],
+        "g",
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 1, 2, 2])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 1, 2, 2])],
+        [onnx.numpy_helper.from_array(np.ones((1, 1, 1, 1), np.float32), "w")],
+    )
+    path = tmp_path / "tiny.onnx"
+    onnx.save(onnx.helper.make_model(graph), path)
+    return path
+
+
+@pytest.fixture
+def applied(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
+    """Counts the times the steps really run (each call's workdir), and gives them a learned range."""
+    calls: list[Path] = []
+    real = algorithms._apply
+
+    def counting(algo, onnx_path, images, spec, workdir, seed) -> Prepared:
+        calls.append(workdir)
+        done = real(algo, onnx_path, images, spec, workdir, seed)
+        return Prepared(done.onnx_path, 1.25, done.tags, {"y": (-0.5, 1.0 / 3)})
+
+    monkeypatch.setattr(algorithms, "_apply", counting)
+    return calls
+
+
+def test_the_second_run_takes_the_first_ones_output(tiny: Path, tmp_path: Path, applied: list) -> None:
+    cache = tmp_path / "cache"
+    first = prepare(AlgoConfig(["cle"]), tiny, IMAGES, SPEC, tmp_path / "a", seed=3, cache_dir=cache)
+    second = prepare(AlgoConfig(["cle"]), tiny, IMAGES, SPEC, tmp_path / "b", seed=3, cache_dir=cache)
+    assert len(applied) == 1
+    assert first.tags == {"algo.cle_pairs": "none found", "algo.reused": "false"}
+    assert second.tags == {"algo.cle_pairs": "none found", "algo.reused": "true"}
+    assert second.seconds == first.seconds == 1.25  # what the steps took when they ran
+    assert second.ranges == first.ranges == {"y": (-0.5, 1.0 / 3)}  # floats exactly
+    assert second.onnx_path == tmp_path / "b" / "model_fp32_algo.onnx"  # in its own run's directory
+    assert second.onnx_path.read_bytes() == first.onnx_path.read_bytes()
+
+
+def test_reuse_false_runs_the_steps_again(tiny: Path, tmp_path: Path, applied: list) -> None:
+    cache = tmp_path / "cache"
+    prepare(AlgoConfig(["cle"]), tiny, IMAGES, SPEC, tmp_path / "a", cache_dir=cache)
+    again = prepare(AlgoConfig(["cle"], reuse=False), tiny, IMAGES, SPEC, tmp_path / "b", cache_dir=cache)
+    assert len(applied) == 2 and again.tags["algo.reused"] == "false"
+
+
+def test_without_a_cache_nothing_is_stored_or_tagged(tiny: Path, tmp_path: Path, applied: list) -> None:
+    for workdir in ("a", "b"):
+        done = prepare(AlgoConfig(["cle"]), tiny, IMAGES, SPEC, tmp_path / workdir)
+        assert "algo.reused" not in done.tags
+    assert len(applied) == 2
+    assert prepare(AlgoConfig([]), tiny, IMAGES, SPEC, tmp_path / "c", cache_dir=tmp_path).tags == {}
+
+
+def test_every_input_of_the_output_is_in_the_key(tiny: Path, tmp_path: Path) -> None:
+    def key(**changed) -> str:
+        inputs = {"onnx_path": tiny, "images": IMAGES, "spec": SPEC, "steps": {"cle": None}, "seed": 0}
+        return _cache.key(**(inputs | changed))
+
+    adaround = AlgoConfig(["adaround"]).parameters("adaround")
+    other = tmp_path / "other.onnx"
+    other.write_bytes(tiny.read_bytes() + b"\0")
+    variants = [
+        key(onnx_path=other),
+        key(images=IMAGES + 1),
+        key(spec=QuantSpec(DtypeConfig("int8", "int8", weight_bits=4), CalibConfig("minmax"))),
+        key(spec=QuantSpec(DtypeConfig("int8", "int8"), CalibConfig("minmax"), per_channel=True)),
+        key(steps={"cle": None, "adaround": adaround}),
+        key(steps={"adaround": AlgoConfig(["adaround"], adaround_iterations=7).parameters("adaround")}),
+        key(steps={"adaround": adaround}),
+        key(seed=1),
+    ]
+    assert len({key(), *variants}) == len(variants) + 1
+    assert key() == key()  # and nothing else: a copy of the model elsewhere is the same model
+    copy = tmp_path / "copy.onnx"
+    copy.write_bytes(tiny.read_bytes())
+    assert key(onnx_path=copy) == key()
+
+
+def test_the_code_and_the_cpu_are_in_the_key(tiny: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from resnet8ptq import hardware
+
+    before = _cache.key(tiny, IMAGES, SPEC, {"cle": None}, 0)
+    monkeypatch.setattr(_cache, "source_fingerprint", lambda: "changed code")
+    assert _cache.key(tiny, IMAGES, SPEC, {"cle": None}, 0) != before
+    monkeypatch.undo()
+    other_cpu = hardware.Hardware("Other CPU", ("avx2",), 2)
+    monkeypatch.setattr(hardware, "detect", lambda: other_cpu)
+    assert _cache.key(tiny, IMAGES, SPEC, {"cle": None}, 0) != before
+
+
+def test_a_half_written_entry_is_not_read(tiny: Path, tmp_path: Path, applied: list) -> None:
+    """A scratch directory left by a killed run, or an entry without its record, is computed again."""
+    cache = tmp_path / "cache"
+    entry_key = _cache.key(tiny, IMAGES, SPEC, {"cle": None}, 0)
+    (cache / "algo" / f"{entry_key}.123.tmp").mkdir(parents=True)
+    (cache / "algo" / entry_key).mkdir()
+    (cache / "algo" / entry_key / "model_fp32_algo.onnx").write_bytes(b"truncated")
+    done = prepare(AlgoConfig(["cle"]), tiny, IMAGES, SPEC, tmp_path / "a", cache_dir=cache)
+    assert len(applied) == 1 and done.tags["algo.reused"] == "false"
+    assert onnx.load(done.onnx_path).graph.node  # the model computed now, not the truncated file
+
+
+def test_an_unwritable_cache_only_costs_a_rerun(tiny: Path, tmp_path: Path, applied: list) -> None:
+    blocked = tmp_path / "file"
+    blocked.write_text("not a directory")
+    done = prepare(AlgoConfig(["cle"]), tiny, IMAGES, SPEC, tmp_path / "a", cache_dir=blocked)
+    assert done.tags["algo.reused"] == "false" and done.onnx_path.exists()
+
+
+def test_the_record_is_readable_json(tiny: Path, tmp_path: Path, applied: list) -> None:
+    cache = tmp_path / "cache"
+    prepare(AlgoConfig(["cle"]), tiny, IMAGES, SPEC, tmp_path / "a", cache_dir=cache)
+    (entry,) = (cache / "algo").iterdir()
+    record = json.loads((entry / "prepared.json").read_text())
+    assert record == {
+        "model": "model_fp32_algo.onnx",
+        "seconds": 1.25,
+        "tags": {"algo.cle_pairs": "none found"},
+        "ranges": {"y": [-0.5, 1.0 / 3]},
+    }
+    assert sorted(path.name for path in entry.iterdir()) == ["model_fp32_algo.onnx", "prepared.json"]
