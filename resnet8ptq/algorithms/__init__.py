@@ -166,24 +166,26 @@ def prepare(
     """Apply ``algo``'s steps, in order, to the model at ``onnx_path``, saved as
     ``workdir/model_fp32_algo.onnx``; the model itself when there are none. With ``cache_dir`` (and
     ``algo.reuse``), an earlier run's output for the same inputs is taken from there instead, with the
-    seconds it took then and the tag ``algo.reused=true``; a new output is stored there."""
+    seconds it took then and the tag ``algo.reused=true``; a new output is stored there. A job that needs
+    the output another process is computing waits for it (a file lock per key)."""
     if not algo.steps:
         return Prepared(onnx_path)
     from resnet8ptq.algorithms import _cache
 
-    entry_key = None
-    if cache_dir is not None and algo.reuse:
-        steps = {name: algo.parameters(name) for name in algo.steps}
-        entry_key = _cache.key(onnx_path, calibration_images, spec, steps, seed)
+    if cache_dir is None:
+        return _apply(algo, onnx_path, calibration_images, spec, workdir, seed)
+    if not algo.reuse:
+        prepared = _apply(algo, onnx_path, calibration_images, spec, workdir, seed)
+        return dataclasses.replace(prepared, tags=prepared.tags | {REUSED_TAG: "false"})
+    steps = {name: algo.parameters(name) for name in algo.steps}
+    entry_key = _cache.key(onnx_path, calibration_images, spec, steps, seed)
+    with _cache.computing(cache_dir, entry_key):  # a parallel job with the same key waits, then reuses
         found = _cache.load(cache_dir, entry_key, workdir)
         if found is not None:
             return Prepared(found.model, found.seconds, found.tags | {REUSED_TAG: "true"}, found.ranges)
-    prepared = _apply(algo, onnx_path, calibration_images, spec, workdir, seed)
-    if entry_key is not None:
+        prepared = _apply(algo, onnx_path, calibration_images, spec, workdir, seed)
         entry = _cache.Entry(prepared.onnx_path, prepared.seconds, prepared.tags, prepared.ranges)
         _cache.store(cache_dir, entry_key, entry)
-    if cache_dir is None:
-        return prepared
     return dataclasses.replace(prepared, tags=prepared.tags | {REUSED_TAG: "false"})
 
 

@@ -6,11 +6,13 @@ The key is everything the output depends on: the FP32 model's bytes, the calibra
 quantization spec, the steps and their parameters, the seed, the libraries that compute it, this package's
 source code (any change to it makes a new key) and the CPU's instruction-set features (learned rounding
 differs between CPU kinds: docs/algorithms.md#reproducibility-of-learned-rounding). An entry is written
-into a scratch directory and renamed into place, so a reader never sees half of one.
+into a scratch directory and renamed into place, so a reader never sees half of one; a file lock per key
+makes parallel jobs that need the same entry compute it once.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -79,6 +81,20 @@ def source_fingerprint() -> str:
         digest.update(str(path.relative_to(package)).encode())
         digest.update(path.read_bytes())
     return digest.hexdigest()
+
+
+def computing(cache_dir: Path, entry_key: str) -> contextlib.AbstractContextManager:
+    """Held while an entry is looked up and, if absent, computed and stored: parallel jobs that need the
+    same output (a sweep over backends on a parallel launcher) compute it once. No lock where the cache
+    cannot be written."""
+    from filelock import FileLock
+
+    root = cache_dir / CACHE_SUBDIR
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return contextlib.nullcontext()
+    return FileLock(root / f"{entry_key}.lock")
 
 
 def load(cache_dir: Path, entry_key: str, workdir: Path) -> Entry | None:

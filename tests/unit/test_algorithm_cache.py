@@ -139,7 +139,7 @@ def test_an_unwritable_cache_only_costs_a_rerun(tiny: Path, tmp_path: Path, appl
 def test_the_record_is_readable_json(tiny: Path, tmp_path: Path, applied: list) -> None:
     cache = tmp_path / "cache"
     prepare(AlgoConfig(["cle"]), tiny, IMAGES, SPEC, tmp_path / "a", cache_dir=cache)
-    (entry,) = (cache / "algo").iterdir()
+    (entry,) = (path for path in (cache / "algo").iterdir() if path.is_dir())
     record = json.loads((entry / "prepared.json").read_text())
     assert record == {
         "model": "model_fp32_algo.onnx",
@@ -148,3 +148,34 @@ def test_the_record_is_readable_json(tiny: Path, tmp_path: Path, applied: list) 
         "ranges": {"y": [-0.5, 1.0 / 3]},
     }
     assert sorted(path.name for path in entry.iterdir()) == ["model_fp32_algo.onnx", "prepared.json"]
+
+
+def test_parallel_jobs_with_the_same_inputs_compute_once(
+    tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two jobs at once (a parallel launcher's sweep over backends): the second waits for the first's
+    output instead of computing it too."""
+    import threading
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    started, calls = threading.Event(), []
+    real = algorithms._apply
+
+    def slow(algo, onnx_path, images, spec, workdir, seed) -> Prepared:
+        calls.append(workdir)
+        started.set()
+        time.sleep(0.5)
+        return real(algo, onnx_path, images, spec, workdir, seed)
+
+    monkeypatch.setattr(algorithms, "_apply", slow)
+
+    def job(name: str) -> Prepared:
+        if name == "b":
+            started.wait(10)  # the first job is computing
+        return prepare(AlgoConfig(["cle"]), tiny, IMAGES, SPEC, tmp_path / name, cache_dir=tmp_path / "cache")
+
+    with ThreadPoolExecutor(2) as pool:
+        first, second = pool.map(job, ["a", "b"])
+    assert len(calls) == 1
+    assert (first.tags["algo.reused"], second.tags["algo.reused"]) == ("false", "true")
