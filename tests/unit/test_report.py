@@ -464,12 +464,16 @@ def test_accuracy_map_of_a_bit_width_sweep(tmp_path: Path) -> None:
         {"backend": backend, "activation": "uint8", "weight": "int8", "activation_bits": a, "weight_bits": w,
          "per_channel": "true", "calib": "minmax", "reduce_range": "false", "quantized": True,
          "accuracy_pct": 80.0 + a + w / 10, "execution": "native" if a == 8 else "simulated",
-         "first_last_bits": first_last, "algo": "none", "layer_bits": "", "raised_count": 0}
+         "first_last_bits": first_last, "algo": "none", "layer_bits": "", "raised_count": 0, "seed": ""}
         for backend, cells, first_last in (
             ("onnx", [(8, 4), (8, 8)], ""), ("torch", [(6, 4), (8, 4), (8, 8)], ""), ("torch", [(4, 4)], "8")
         )
         for a, w in cells
     ]  # fmt: skip
+    # The papers' cell over three calibration samples (and one of them tracked twice): their mean ± std.
+    rows[-1]["seed"] = "42"
+    rows += [{**rows[-1], "seed": "0", "accuracy_pct": 85.4}, {**rows[-1], "seed": "1", "accuracy_pct": 86.4}]
+    rows.append({**rows[-1], "accuracy_pct": 10.0})
     # A budgeted mix whose narrowest layers are at W4A6 is not that cell (listed first: it would win it).
     rows.insert(0, {**rows[2], "accuracy_pct": 50.0, "layer_bits": "conv2d_1=4, activation_1/Relu=6"})
     table = pd.DataFrame(rows)
@@ -486,7 +490,9 @@ def test_accuracy_map_of_a_bit_width_sweep(tmp_path: Path) -> None:
         "| 8 | - | - | 88.8 N |\n| 4 | - | - | 88.4 N |" in text
     )  # onnx: 8-bit activations only, on the same axes
     convention = text[text.index("**torch uint/int minmax per-channel, first and last layers at 8 bits**") :]
-    assert "| 4 | 84.4 S | - | - |" in convention  # a panel of its own: the papers' convention
+    assert "| 4 | 85.4 ± 1.0 S | - | - |" in convention  # a panel of its own: the papers' convention
+    assert "(accuracy %; mean ± std over 3 seeds (`data.seed`); N native" in convention
+    assert "seeds" not in torch_map[: torch_map.index("first and last")]
     assert [drawing.path() for drawing in report_.images] == [tmp_path / figures.ACCURACY_MAP_PNG]
     assert (tmp_path / figures.ACCURACY_MAP_PNG).stat().st_size > 10_000
     one_width = table[(table["activation_bits"] == 8) & (table["weight_bits"] == 8)]
