@@ -3,6 +3,8 @@ activation bits) and the algorithm table."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import pandas as pd
 
@@ -10,6 +12,8 @@ from resnet8ptq.drawing import draw
 from resnet8ptq.report.figures import ACCURACY_MAP_PNG, accuracy_map_png
 from resnet8ptq.report.runs import configured
 from resnet8ptq.report.sections import Report, Table
+
+BIT_CELL = ("weight_bits", "activation_bits")
 
 EXECUTION_MARK = {"native": "N", "native-mismatch": "N!", "simulated": "S"}
 MARK_LEGEND = "N native, N! native-mismatch, S simulated, - not run"
@@ -43,8 +47,7 @@ def accuracy_map_section(report: Report) -> list[str]:
         labels = cells["label"].unstack().reindex(**grid).fillna("-")
         headers = ["weight bits \\ activation bits", *map(str, grid["columns"])]
         rows = [[str(bits), *row] for bits, row in labels.iloc[::-1].iterrows()]
-        seeds = int(cells["seeds"].max())
-        note = f"; mean ± std over {seeds} seeds (`data.seed`)" if seeds > 1 else ""
+        note = seeds_note(cells)
         section += [f"**{title}** (accuracy %{note}; {MARK_LEGEND})", Table(headers, rows).markdown()]
     path = report.out_dir / ACCURACY_MAP_PNG
     drawing = draw(accuracy_map_png, maps, kinds, path)
@@ -52,20 +55,22 @@ def accuracy_map_section(report: Report) -> list[str]:
     return [*section[:1], image, *section[1:]]
 
 
-def over_seeds(group: pd.DataFrame) -> pd.DataFrame:
-    """One row per (weight bits, activation bits): the mean accuracy over the runs' calibration samples
-    (one run per ``seed``), their standard deviation (ddof=1) and number, the execution mark (with the
-    spread, for the heatmap) and the table's label (``85.2 ± 0.3 S``)."""
-    runs = group.drop_duplicates(["weight_bits", "activation_bits", "seed"])
-    cells = runs.groupby(["weight_bits", "activation_bits"], sort=True)
+def over_seeds(runs: pd.DataFrame, keys: Sequence[str] = BIT_CELL, marks: bool = True) -> pd.DataFrame:
+    """One row per cell (``keys``): the mean accuracy over the runs' calibration samples (one run per
+    ``seed``), their standard deviation (ddof=1) and number, the execution mark (``marks``; with the spread,
+    for the heatmap) and the table's label (``85.2 ± 0.3 S``)."""
+    keys = list(keys)
+    if "seed" not in runs:  # tables made before runs recorded their seed: one run per cell
+        runs = runs.assign(seed="")
+    cells = runs.drop_duplicates([*keys, "seed"]).groupby(keys, sort=True)
     out = pd.DataFrame(
         {
             "mean": cells["accuracy_pct"].mean(),
             "std": cells["accuracy_pct"].std(ddof=1),
             "seeds": cells.size(),
-            "execution": cells["execution"].first().map(EXECUTION_MARK).fillna("?"),
         }
     )
+    out["execution"] = cells["execution"].first().map(EXECUTION_MARK).fillna("?") if marks else ""
     spread = out["std"].map(lambda std: f" ± {std:.1f}" if pd.notna(std) else "")
     out["mark"] = out["execution"] + spread.str.replace(" ± ", " ±", regex=False)
     out["label"] = [
@@ -75,9 +80,10 @@ def over_seeds(group: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def fmt_cell(accuracy: float, mark: object) -> str:
-    """``86.6 N`` for a map cell, ``-`` where the configuration did not run."""
-    return "-" if pd.isna(accuracy) else f"{accuracy:.1f} {mark}".rstrip()
+def seeds_note(cells: pd.DataFrame) -> str:
+    """``; mean ± std over 3 seeds (`data.seed`)`` where a cell has runs of several calibration samples."""
+    seeds = int(cells["seeds"].max()) if len(cells) else 0
+    return f"; mean ± std over {seeds} seeds (`data.seed`)" if seeds > 1 else ""
 
 
 def algorithm_section(table: pd.DataFrame) -> list[str]:
@@ -88,8 +94,9 @@ def algorithm_section(table: pd.DataFrame) -> list[str]:
         return []
     setting = quantized["backend"] + " " + quantized["dtype"] + " " + quantized["calib"]
     setting += np.where(quantized["per_channel"] == "true", " per-channel", " per-tensor")
-    grid = quantized.assign(setting=setting).drop_duplicates(["setting", "algo"])
-    accuracy = grid.pivot(index="setting", columns="algo", values="accuracy_pct").reindex(columns=algos)
-    rows = [[name, *(fmt_cell(value, "") for value in row)] for name, row in accuracy.iterrows()]
-    note = "Accuracy (%) of each configuration quantized after each algorithm (`-`: not run)."
+    cells = over_seeds(quantized.assign(setting=setting), ["setting", "algo"], marks=False)
+    labels = cells["label"].unstack().reindex(columns=algos).fillna("-")
+    rows = [[name, *row] for name, row in labels.iterrows()]
+    note = f"Accuracy (%{seeds_note(cells)}) of each configuration quantized after each algorithm"
+    note += " (`-`: not run)."
     return ["## PTQ algorithms", note, Table(["configuration", *algos], rows).markdown()]

@@ -510,7 +510,15 @@ def test_algorithm_table(tmp_path: Path) -> None:
     text = "\n".join(widths.algorithm_section(pd.DataFrame(rows)))
     assert "| configuration | none | adaround | cle |" in text
     assert "| onnx int8 a8w4 minmax per-tensor | 20.1 | 81.7 | 35.9 |" in text
+    assert "Accuracy (%) of each" in text
     assert widths.algorithm_section(pd.DataFrame(rows[:1])) == []
+    # AdaRound over three calibration samples: their mean ± std (the earlier table showed the first seed's)
+    seeded = [{**row, "seed": "42"} for row in rows]
+    for seed, value in (("0", 79.73), ("1", 80.73)):
+        seeded.append({**rows[2], "seed": seed, "accuracy_pct": value})
+    text = "\n".join(widths.algorithm_section(pd.DataFrame(seeded)))
+    assert "| onnx int8 a8w4 minmax per-tensor | 20.1 | 80.7 ± 1.0 | 35.9 |" in text
+    assert "Accuracy (%; mean ± std over 3 seeds (`data.seed`)) of each" in text
 
 
 def test_html_embeds_each_figure_where_the_markdown_shows_it(tmp_path: Path) -> None:
