@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from itertools import cycle
 from pathlib import Path
 
@@ -108,7 +109,8 @@ def accuracy_map_png(
         image = ax.imshow(matrix, cmap="viridis", vmin=low, vmax=high, origin="lower")
         ax.set_xticks(np.arange(grid.shape[1]), [str(c) for c in grid.columns])
         ax.set_yticks(np.arange(grid.shape[0]), [str(r) for r in grid.index])
-        ax.set(xlabel=axes_labels[0], ylabel=axes_labels[1], title=panel)
+        ax.set(xlabel=axes_labels[0], ylabel=axes_labels[1])
+        ax.set_title(textwrap.fill(panel, 44), fontsize=9)  # long panel names: wrapped, not overlapping
         for (row, col), value in np.ndenumerate(matrix):
             if np.isfinite(value):
                 kind = kinds[panel].iat[row, col]
