@@ -182,10 +182,9 @@ def prepare(
     with _cache.computing(cache_dir, entry_key):  # a parallel job with the same key waits, then reuses
         found = _cache.load(cache_dir, entry_key, workdir)
         if found is not None:
-            return Prepared(found.model, found.seconds, found.tags | {REUSED_TAG: "true"}, found.ranges)
+            return dataclasses.replace(found, tags=found.tags | {REUSED_TAG: "true"})
         prepared = _apply(algo, onnx_path, calibration_images, spec, workdir, seed)
-        entry = _cache.Entry(prepared.onnx_path, prepared.seconds, prepared.tags, prepared.ranges)
-        _cache.store(cache_dir, entry_key, entry)
+        _cache.store(cache_dir, entry_key, prepared)
     return dataclasses.replace(prepared, tags=prepared.tags | {REUSED_TAG: "false"})
 
 

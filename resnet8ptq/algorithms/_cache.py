@@ -23,6 +23,8 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from resnet8ptq.algorithms import Prepared
+
 if TYPE_CHECKING:
     import numpy as np
 
@@ -32,17 +34,6 @@ CACHE_SUBDIR = "algo"
 RECORD_FILE = "prepared.json"
 LIBRARIES = ("numpy", "onnx", "onnxruntime", "onnx2torch", "torch")
 """What the algorithms compute with (ONNX Runtime for bias correction, torch for the learned ones)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Entry:
-    """One cached output: the transformed FP32 model, the seconds the steps took when they ran, their tags,
-    the learned activation ranges."""
-
-    model: Path
-    seconds: float
-    tags: dict[str, str]
-    ranges: dict[str, tuple[float, float]]
 
 
 def key(
@@ -97,8 +88,9 @@ def computing(cache_dir: Path, entry_key: str) -> contextlib.AbstractContextMana
     return FileLock(root / f"{entry_key}.lock")
 
 
-def load(cache_dir: Path, entry_key: str, workdir: Path) -> Entry | None:
-    """The entry under ``entry_key``, its model copied into ``workdir``; None when there is none."""
+def load(cache_dir: Path, entry_key: str, workdir: Path) -> Prepared | None:
+    """The output stored under ``entry_key``, its model copied into ``workdir``, with the seconds the steps
+    took when they ran; None when there is none."""
     entry = cache_dir / CACHE_SUBDIR / entry_key
     if not (entry / RECORD_FILE).exists():
         return None
@@ -108,19 +100,20 @@ def load(cache_dir: Path, entry_key: str, workdir: Path) -> Entry | None:
     workdir.mkdir(parents=True, exist_ok=True)
     model = Path(shutil.copyfile(entry / record["model"], workdir / record["model"]))
     ranges = {tensor: (low, high) for tensor, (low, high) in record["ranges"].items()}
-    return Entry(model, record["seconds"], record["tags"], ranges)
+    return Prepared(model, record["seconds"], record["tags"], ranges)
 
 
-def store(cache_dir: Path, entry_key: str, found: Entry) -> None:
-    """Save ``found`` under ``entry_key``, atomically (a scratch directory renamed into place); another
+def store(cache_dir: Path, entry_key: str, prepared: Prepared) -> None:
+    """Save ``prepared`` under ``entry_key``, atomically (a scratch directory renamed into place); another
     process that stored the same key first wins. A cache that cannot be written only costs a re-run."""
     root = cache_dir / CACHE_SUBDIR
     scratch = root / f"{entry_key}.{os.getpid()}.tmp"
     try:
         scratch.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(found.model, scratch / found.model.name)
-        record = {"model": found.model.name, "seconds": found.seconds, "tags": found.tags}
-        record["ranges"] = found.ranges
+        model = prepared.onnx_path
+        shutil.copyfile(model, scratch / model.name)
+        record = {"model": model.name, "seconds": prepared.seconds, "tags": prepared.tags}
+        record["ranges"] = prepared.ranges
         (scratch / RECORD_FILE).write_text(json.dumps(record, indent=1, sort_keys=True))
         os.rename(scratch, root / entry_key)
     except OSError:
