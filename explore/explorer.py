@@ -19,6 +19,7 @@ import tempfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -53,9 +54,27 @@ TABLE_COLUMNS = [
     "sweep",
     "run_id",
 ]
-BITS_GROUP = ["backend", "activation", "weight", "calib", "per_channel", "algo", "reduce_range"]
+BITS_GROUP = [
+    "backend",
+    "activation",
+    "weight",
+    "first_last_bits",
+    "calib",
+    "per_channel",
+    "algo",
+    "reduce_range",
+]
 """What a bit-width map holds fixed: every setting of a run's quantization but its two widths."""
-QUANTIZATION_GROUP = ["backend", "dtype", "bits", "calib", "per_channel", "algo", "reduce_range"]
+QUANTIZATION_GROUP = [
+    "backend",
+    "dtype",
+    "bits",
+    "first_last_bits",
+    "calib",
+    "per_channel",
+    "algo",
+    "reduce_range",
+]
 """What a device map holds fixed besides the device settings it does not map: the quantization."""
 
 
@@ -573,26 +592,39 @@ def sweep_runs(uri: str, sweep_id: str) -> list:
     return [*children, *reused_runs(client, parent, children)]
 
 
+class Cell(NamedTuple):
+    """A map's cell: the mean of ``value`` over its runs' calibration samples (``data.seed``; the newest
+    run of each), their standard deviation (NaN for one) and number, and the newest run (the link)."""
+
+    value: float
+    run_id: str
+    run_name: str
+    std: float = float("nan")
+    seeds: int = 1
+
+
 @dataclass
 class Map:
-    """A grid of runs: the value of each (row, column) cell and the run it is from."""
+    """A grid of runs: each (row, column) cell's value and the run it links to."""
 
     title: str
     row_name: str
     column_name: str
     rows: list
     columns: list
-    cells: dict[tuple, tuple[float, str, str]]  # (row, column) -> (value, run id, run name)
+    cells: dict[tuple, Cell]
 
 
 def accuracy_maps(
     table: pd.DataFrame, row: str, column: str, value: str, group: Sequence[str], title: str = ""
 ) -> list[Map]:
     """One map per combination of the ``group`` columns (one map when there are none): ``value`` (a logged
-    metric) by ``row`` × ``column``; where several finished runs fall in one cell, the newest (``start_time``)
-    is shown."""
+    metric) by ``row`` × ``column``. Where several finished runs fall in one cell, the newest (``start_time``)
+    of each seed counts and the cell is their mean ± std, as the comparison report's map shows it."""
     finished = table[(table["status"] == "FINISHED") & table[value].notna()]
     finished = finished.sort_values("start_time", ascending=False, kind="stable")
+    if "seed" not in finished:  # runs logged before runs recorded their seed: one per cell
+        finished = finished.assign(seed="")
     group = list(group)
     groups = finished.groupby(group, sort=True, dropna=False) if group else [((), finished)]
     maps = []
@@ -600,10 +632,12 @@ def accuracy_maps(
         if not len(runs):
             continue
         key = key if isinstance(key, tuple) else (key,)
-        cells: dict[tuple, tuple[float, str, str]] = {}
-        for run in runs.itertuples():
-            cell = (getattr(run, row), getattr(run, column))
-            cells.setdefault(cell, (float(getattr(run, value)), run.run_id, run.run_name))
+        cells: dict[tuple, Cell] = {}
+        for cell, seeds in runs.groupby([row, column], sort=False, dropna=False):
+            newest = seeds.iloc[0]
+            values = seeds.drop_duplicates("seed")[value].astype(float)
+            std = float(values.std(ddof=1)) if len(values) > 1 else float("nan")
+            cells[cell] = Cell(float(values.mean()), newest["run_id"], newest["run_name"], std, len(values))
         described = ", ".join(f"{name}={_shown(v)}" for name, v in zip(group, key, strict=True))
         maps.append(
             Map(
@@ -658,11 +692,11 @@ def cell_color(value: float, low: float, high: float) -> str:
 
 
 def map_html(grid: Map, link: Callable[[str], str], scale: float = 100.0, digits: int = 2) -> str:
-    """The map as an HTML table, each cell the value (× ``scale``) linking to its run (``link(run_id)``),
-    coloured from the map's lowest to its highest value."""
+    """The map as an HTML table, each cell the value (× ``scale``; ``mean ± std`` over seeds) linking to its
+    run (``link(run_id)``), coloured from the map's lowest to its highest value."""
     from html import escape
 
-    values = [v for v, _, _ in grid.cells.values()]
+    values = [cell.value for cell in grid.cells.values()]
     low, high = min(values), max(values)
     head = "".join(f"<th>{escape(_shown(c))}</th>" for c in grid.columns)
     lines = [
@@ -676,11 +710,14 @@ def map_html(grid: Map, link: Callable[[str], str], scale: float = 100.0, digits
             if (r, c) not in grid.cells:
                 cells.append("<td>—</td>")
                 continue
-            value, run_id, name = grid.cells[r, c]
+            value, run_id, name, std, seeds = grid.cells[r, c]
+            shown = f"{value * scale:.{digits}f}" + (f" ± {std * scale:.{digits}f}" if seeds > 1 else "")
+            if seeds > 1:
+                name = f"mean ± std of {seeds} seeds (data.seed); links to the newest: {name}"
             cells.append(
                 f'<td style="background: {cell_color(value, low, high)}; padding: 4px 10px;">'
                 f'<a href="{escape(link(run_id))}" target="_blank" title="{escape(name)}" '
-                f'style="color: black;">{value * scale:.{digits}f}</a></td>'
+                f'style="color: black;">{shown}</a></td>'
             )
         lines.append(f"<tr><th>{escape(_shown(r))}</th>{''.join(cells)}</tr>")
     lines.append("</table>")

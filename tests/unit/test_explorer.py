@@ -188,13 +188,15 @@ def test_class_accuracy_in_cifar10_order_from_the_logged_metrics() -> None:
 
 def _sweep() -> pd.DataFrame:
     rows = []
-    for start, (backend, w, a, accuracy) in enumerate(
+    for start, (backend, w, a, accuracy, seed) in enumerate(
         [
-            ("onnx", 4, 8, 0.55),
-            ("onnx", 8, 8, 0.86),
-            ("onnx", 8, 6, 0.84),
-            ("torch", 8, 8, 0.87),
-            ("onnx", 8, 8, 0.80),  # an older run of a cell: the newest is shown
+            ("onnx", 4, 8, 0.55, "42"),
+            ("onnx", 8, 8, 0.86, "42"),
+            ("onnx", 8, 6, 0.84, "42"),
+            ("torch", 8, 8, 0.87, "42"),
+            ("onnx", 8, 8, 0.80, "42"),  # an older run of a cell and seed: the newest counts
+            ("torch", 8, 8, 0.85, "0"),  # another seed: the cell is the mean over seeds
+            ("torch", 8, 8, 0.83, "1"),
         ]
     ):
         rows.append(
@@ -208,23 +210,30 @@ def _sweep() -> pd.DataFrame:
                 "weight_bits": w,
                 "activation_bits": a,
                 "accuracy": accuracy,
+                "seed": seed,
             }
         )
     rows.append({**rows[0], "run_id": "failed", "status": "FAILED", "weight_bits": 2, "accuracy": np.nan})
     return pd.DataFrame(rows)
 
 
-def test_accuracy_maps_one_per_group_newest_run_per_cell() -> None:
+def test_accuracy_maps_one_per_group_mean_over_seeds_of_the_newest_runs() -> None:
     sweep = _sweep()
     assert ex.varying(sweep, ["backend", "calib", "weight_bits"]) == ["backend", "weight_bits"]
     assert ex.fixed(sweep, ["backend", "calib"]) == "calib=minmax"
     onnx, torch = ex.accuracy_maps(sweep, "weight_bits", "activation_bits", "accuracy", ["backend"])
     assert onnx.title == "backend=onnx" and torch.title == "backend=torch"
     assert onnx.rows == [4, 8] and onnx.columns == [6, 8]
-    assert onnx.cells[8, 8] == (0.86, "r1", "onnx-a8w8")
+    assert onnx.cells[8, 8][:3] == (0.86, "r1", "onnx-a8w8") and onnx.cells[8, 8].seeds == 1
+    assert np.isnan(onnx.cells[8, 8].std)
     assert (4, 6) not in onnx.cells
+    mean = torch.cells[8, 8]
+    assert mean.value == pytest.approx(0.85) and mean.std == pytest.approx(0.02) and mean.seeds == 3
+    assert mean.run_id == "r3"  # the link: the newest run of the cell
     (whole,) = ex.accuracy_maps(sweep, "weight_bits", "activation_bits", "accuracy", [])
-    assert whole.title == "all runs" and whole.cells[8, 8][1] == "r1"
+    assert whole.title == "all runs" and whole.cells[8, 8].run_id == "r1"
+    assert whole.cells[8, 8].seeds == 3  # seed 42's newest run (onnx, 0.86) with torch's seeds 0 and 1
+    assert whole.cells[8, 8].value == pytest.approx((0.86 + 0.85 + 0.83) / 3)
 
 
 def test_map_html_links_every_cell_to_its_run() -> None:
@@ -234,6 +243,9 @@ def test_map_html_links_every_cell_to_its_run() -> None:
     for run_id, value in (("r0", "55.00"), ("r1", "86.00"), ("r2", "84.00")):
         assert f'href="http://ui/#/runs/{run_id}"' in html and f">{value}</a>" in html
     assert html.count("<td>—</td>") == 1  # w4 at 6 bits: no run
+    (_, torch) = ex.accuracy_maps(sweep, "weight_bits", "activation_bits", "accuracy", ["backend"])
+    html = ex.map_html(torch, lambda run_id: f"http://ui/#/runs/{run_id}")
+    assert 'href="http://ui/#/runs/r3"' in html and ">85.00 ± 2.00</a>" in html and "of 3 seeds" in html
     assert ex.cell_color(0.55, 0.55, 0.86) == "rgb(215, 48, 39)"
     assert ex.cell_color(0.86, 0.55, 0.86) == "rgb(26, 152, 80)"
     assert ex.cell_color(0.5, 0.5, 0.5) == "rgb(26, 152, 80)"
