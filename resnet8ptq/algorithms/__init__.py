@@ -30,8 +30,8 @@ import numpy as np
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
-from resnet8ptq.algorithms.base import Algorithm, Context, registered
-from resnet8ptq.spec import QuantSpec, TensorRange
+from resnet8ptq.algorithms.base import Algorithm, Context, Prepared, registered
+from resnet8ptq.spec import QuantSpec
 
 
 @cache
@@ -133,25 +133,6 @@ CHOICE_RESOLVER = "algo_choice"
 """``${algo_choice:}``: the options as a sweep choice, ``choice(none,cle,...)``: the search space's `algo`."""
 if not OmegaConf.has_resolver(CHOICE_RESOLVER):
     OmegaConf.register_new_resolver(CHOICE_RESOLVER, lambda: f"choice({','.join(options())})")
-
-
-@dataclass(frozen=True)
-class Prepared:
-    """The FP32 model the backend quantizes, the algorithms' seconds, what they did (run tags), and the
-    activation ranges they learned (ONNX tensor -> (min, max): the backend stores these, not calibrated
-    ones)."""
-
-    onnx_path: Path
-    seconds: float = 0.0
-    tags: dict[str, str] = field(default_factory=dict)
-    ranges: dict[str, tuple[float, float]] = field(default_factory=dict)
-
-    def learned(self, spec: QuantSpec) -> QuantSpec:
-        """``spec`` with the learned ranges (:attr:`QuantSpec.learned_ranges`)."""
-        if not self.ranges:
-            return spec
-        ranges = tuple(TensorRange(name, *bounds) for name, bounds in sorted(self.ranges.items()))
-        return dataclasses.replace(spec, learned_ranges=ranges)
 
 
 def prepare(

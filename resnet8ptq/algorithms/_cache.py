@@ -23,7 +23,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from resnet8ptq.algorithms import Prepared
+from resnet8ptq.algorithms.base import Prepared
 
 if TYPE_CHECKING:
     import numpy as np

@@ -1,5 +1,5 @@
 """The contract of a PTQ algorithm (the `algo` group): what it is called, where it runs among the steps, its
-parameters, and the transform of the FP32 ONNX model.
+parameters, and the transform of the FP32 ONNX model; and what the steps hand the backend (:class:`Prepared`).
 
 An algorithm is one module in ``resnet8ptq/algorithms/`` defining one :class:`Algorithm` subclass; defining
 it registers it (:func:`registered`). Keep heavy imports (onnx, torch) inside its functions: the registry
@@ -8,15 +8,18 @@ imports every algorithm module when the config is composed.
 
 from __future__ import annotations
 
+import dataclasses
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
+
+from resnet8ptq.spec import QuantSpec, TensorRange
 
 if TYPE_CHECKING:
     import numpy as np
     import onnx
 
-    from resnet8ptq.spec import QuantSpec
 
 _REGISTRY: dict[str, type[Algorithm]] = {}
 
@@ -64,3 +67,22 @@ class Algorithm(ABC):
 def registered() -> dict[str, type[Algorithm]]:
     """The algorithms defined so far, by name, in the order of their stages (then names)."""
     return dict(sorted(_REGISTRY.items(), key=lambda item: (item[1].STAGE, item[0])))
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """The FP32 model the backend quantizes, the algorithms' seconds, what they did (run tags), and the
+    activation ranges they learned (ONNX tensor -> (min, max): the backend stores these, not calibrated
+    ones)."""
+
+    onnx_path: Path
+    seconds: float = 0.0
+    tags: dict[str, str] = field(default_factory=dict)
+    ranges: dict[str, tuple[float, float]] = field(default_factory=dict)
+
+    def learned(self, spec: QuantSpec) -> QuantSpec:
+        """``spec`` with the learned ranges (:attr:`QuantSpec.learned_ranges`)."""
+        if not self.ranges:
+            return spec
+        ranges = tuple(TensorRange(name, *bounds) for name, bounds in sorted(self.ranges.items()))
+        return dataclasses.replace(spec, learned_ranges=ranges)
