@@ -13,6 +13,7 @@ import numpy as np
 from mlflow.data.numpy_dataset import NumpyDataset
 from mlflow.entities import Dataset, DatasetInput, InputTag
 from mlflow.environment_variables import MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR
+from mlflow.exceptions import MlflowException
 from mlflow.models import Model, ModelSignature
 from mlflow.tracking import MlflowClient
 from mlflow.types import Schema, TensorSpec
@@ -83,10 +84,26 @@ def numpy_dataset(
     return mlflow.data.from_numpy(images, targets=labels, source=source, name=name, digest=digest)
 
 
+DUPLICATE_ROW = ("UNIQUE constraint failed", "duplicate key value", "Duplicate entry")
+"""How SQLite, PostgreSQL and MySQL word a unique-key violation in the error MLflow passes on."""
+INPUT_ATTEMPTS = 3
+
+
 def log_datasets(run_id: str, datasets: Mapping[str, NumpyDataset]) -> None:
-    """Log datasets as inputs of the run, each under its context (``evaluation``, ``calibration``)."""
+    """Log datasets as inputs of the run, each under its context (``evaluation``, ``calibration``).
+
+    MLflow's SQL store looks a dataset up and inserts it if absent, without a lock: two runs logging the same
+    dataset at once (two sweeps on one store) can both miss it, and the second insert then fails on the
+    table's unique key. The row exists by then, so the call is repeated, and finds it."""
     inputs = [
         DatasetInput(Dataset(**dataset.to_dict()), tags=[InputTag("mlflow.data.context", context)])
         for context, dataset in datasets.items()
     ]
-    MlflowClient().log_inputs(run_id, datasets=inputs)
+    client = MlflowClient()
+    for attempt in range(1, INPUT_ATTEMPTS + 1):
+        try:
+            client.log_inputs(run_id, datasets=inputs)
+            return
+        except MlflowException as err:
+            if attempt == INPUT_ATTEMPTS or not any(text in str(err) for text in DUPLICATE_ROW):
+                raise

@@ -171,3 +171,62 @@ def test_unwritable_cache_dir_is_named_and_leaves_no_store(tmp_path, monkeypatch
     with pytest.raises(TrackingError, match=r"cache directory .*not-a-directory.*RESNET8PTQ_CACHE"):
         configure(settings, blocker / "cache")
     assert not (tmp_path / "mlflow.db").exists()
+
+
+class _FlakyClient:
+    """log_inputs fails ``failures`` times with ``error``, as MLflow's SQL store does when another run
+    inserted the same dataset between its lookup and its insert, then records the call."""
+
+    def __init__(self, failures: int, error: str) -> None:
+        self.failures, self.error, self.calls, self.logged = failures, error, 0, []
+
+    def __call__(self) -> _FlakyClient:
+        return self
+
+    def log_inputs(self, run_id: str, datasets: list) -> None:
+        from mlflow.exceptions import MlflowException
+
+        self.calls += 1
+        if self.calls <= self.failures:
+            raise MlflowException(self.error)
+        self.logged.append((run_id, [d.dataset.name for d in datasets]))
+
+
+def _datasets() -> dict:
+    from resnet8ptq.tracking.models import numpy_dataset
+
+    images, labels = np.zeros((2, 32, 32, 3), np.uint8), np.array([0, 1])
+    return {"evaluation": numpy_dataset("cifar10-test", images, labels, "/data", "d1")}
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        "(sqlite3.IntegrityError) UNIQUE constraint failed: datasets.experiment_id, datasets.name",
+        '(psycopg2.errors.UniqueViolation) duplicate key value violates unique constraint "dataset_pk"',
+    ],
+)
+def test_a_dataset_logged_by_another_run_meanwhile_is_logged_again(monkeypatch, error: str) -> None:
+    from resnet8ptq.tracking import models
+
+    client = _FlakyClient(1, error)
+    monkeypatch.setattr(models, "MlflowClient", client)
+    models.log_datasets("run1", _datasets())
+    assert client.calls == 2 and client.logged == [("run1", ["cifar10-test"])]
+
+
+def test_other_dataset_errors_and_a_lasting_duplicate_are_raised(monkeypatch) -> None:
+    from mlflow.exceptions import MlflowException
+
+    from resnet8ptq.tracking import models
+
+    client = _FlakyClient(1, "Run 'run1' is not active")
+    monkeypatch.setattr(models, "MlflowClient", client)
+    with pytest.raises(MlflowException, match="not active"):
+        models.log_datasets("run1", _datasets())
+    assert client.calls == 1
+    client = _FlakyClient(99, "UNIQUE constraint failed: datasets.name")
+    monkeypatch.setattr(models, "MlflowClient", client)
+    with pytest.raises(MlflowException, match="UNIQUE"):
+        models.log_datasets("run1", _datasets())
+    assert client.calls == models.INPUT_ATTEMPTS
