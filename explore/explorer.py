@@ -619,12 +619,11 @@ def accuracy_maps(
     table: pd.DataFrame, row: str, column: str, value: str, group: Sequence[str], title: str = ""
 ) -> list[Map]:
     """One map per combination of the ``group`` columns (one map when there are none): ``value`` (a logged
-    metric) by ``row`` × ``column``. Where several finished runs fall in one cell, the newest (``start_time``)
-    of each seed counts and the cell is their mean ± std, as the comparison report's map shows it."""
+    metric) by ``row`` × ``column``, from a :func:`runs_table`. Where several finished runs fall in one cell,
+    the newest (``start_time``) of each seed counts and the cell is their mean ± std, as the comparison
+    report's map shows it."""
     finished = table[(table["status"] == "FINISHED") & table[value].notna()]
     finished = finished.sort_values("start_time", ascending=False, kind="stable")
-    if "seed" not in finished:  # runs logged before runs recorded their seed: one per cell
-        finished = finished.assign(seed="")
     group = list(group)
     groups = finished.groupby(group, sort=True, dropna=False) if group else [((), finished)]
     maps = []

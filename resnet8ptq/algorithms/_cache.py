@@ -112,8 +112,12 @@ def store(cache_dir: Path, entry_key: str, prepared: Prepared) -> None:
         scratch.mkdir(parents=True, exist_ok=True)
         model = prepared.onnx_path
         shutil.copyfile(model, scratch / model.name)
-        record = {"model": model.name, "seconds": prepared.seconds, "tags": prepared.tags}
-        record["ranges"] = prepared.ranges
+        record = {
+            "model": model.name,
+            "seconds": prepared.seconds,
+            "tags": prepared.tags,
+            "ranges": prepared.ranges,
+        }
         (scratch / RECORD_FILE).write_text(json.dumps(record, indent=1, sort_keys=True))
         os.rename(scratch, root / entry_key)
     except OSError:
