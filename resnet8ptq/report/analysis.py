@@ -80,7 +80,7 @@ def recommendations(table: pd.DataFrame, max_drop_points: float) -> tuple[list[P
     SIZE_TOLERANCE and throughputs within THROUGHPUT_TOLERANCE count as ties, won by the most accurate.
     """
     quantized = configured(table)
-    over = quantized[quantized["delta_points"] < -max_drop_points].sort_values("delta_points")
+    over = quantized[quantized["delta_points"].round(6) < -max_drop_points].sort_values("delta_points")
     pool = quantized.drop(over.index) if len(over) < len(quantized) else quantized
     picks = [
         _pick(quantized, "Best accuracy", "accuracy", smaller_is_better=False),

@@ -109,7 +109,7 @@ def comparison_rows(table: pd.DataFrame, max_drop_points: float) -> Table:
     headers.append("run")
     rows = []
     for row in table.itertuples():
-        over = row.quantized and row.delta_points < -max_drop_points
+        over = row.quantized and round(row.delta_points, 6) < -max_drop_points  # exactly at the limit: within
         rows.append(
             [
                 row.label,

@@ -51,7 +51,8 @@ log = logging.getLogger(__name__)
 
 TAG_PREFIX = "mixed_precision."
 """Run tags `mixed_precision.budget` (the budgets, e.g. ``bops<=221290496``), `.predicted_noise` (the solver's
-sum of the chosen widths' noise), `.candidates` (how many layers it chose widths for)."""
+sum of the chosen widths' noise, written with ``repr``: at full precision, comparable with the table),
+`.candidates` (how many layers it chose widths for)."""
 SENSITIVITY_DIR = "analysis"  # the run's artifact analysis/sensitivity.csv
 SENSITIVITY_THREADS = 1
 
@@ -108,7 +109,7 @@ def run_within_budget(cfg: DictConfig, output_dir: Path, run: Callable[..., str]
     mixed.layer_bits = dict(sorted(mix.bits.items()))
     tags = {
         f"{TAG_PREFIX}budget": budget_label(target),
-        f"{TAG_PREFIX}predicted_noise": f"{mix.predicted_noise:.6g}",
+        f"{TAG_PREFIX}predicted_noise": repr(float(mix.predicted_noise)),
         f"{TAG_PREFIX}candidates": str(len(candidates)),
     }
     run_id = run(mixed, output_dir, tags)

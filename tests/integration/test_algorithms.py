@@ -119,7 +119,8 @@ def test_torch_inherits_the_algorithm(prepared, onnx_accuracy, data, tmp_path: P
     calibration, images, labels = data
     quantized = TorchBackend().quantize(prepared["adaround"].onnx_path, calibration, W4_PER_TENSOR, tmp_path)
     accuracy = evaluate_quantized(quantized, images, labels, "torch adaround", 0.3).reference.accuracy
-    assert abs(accuracy - onnx_accuracy["adaround"]) <= 0.01
+    # Within a point (100 images; docs/algorithms.md measured 0.06-0.15), rounded as execution.judge rounds.
+    assert round(abs(accuracy - onnx_accuracy["adaround"]), 6) <= 0.01
 
 
 # A learned algorithm in a fresh process with another thread count and hash seed: writes the model it learned

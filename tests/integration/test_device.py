@@ -57,7 +57,9 @@ def test_every_toolchain_runs_on_the_integer_device(sweeps: Sweeps) -> None:
             assert metrics["device_differing_predictions"] == 0
         else:
             assert 0 < metrics["device_differing_predictions"] <= DIFFERING_LIMITS[backend]
-            assert abs(metrics["accuracy_device"] - metrics["accuracy"]) <= 0.005
+            # Half a point (50 images; measured 2 and 13), the difference of two counts of 10,000 rounded to 6
+            # decimals as execution.judge rounds: exactly 50 images can compute as 0.0050000000000000044.
+            assert round(abs(metrics["accuracy_device"] - metrics["accuracy"]), 6) <= 0.005
 
 
 def artifact_dir(sweeps: Sweeps, run: Run, path: str, tmp_path: Path) -> Path:

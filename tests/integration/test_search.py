@@ -130,7 +130,9 @@ def test_onnx_mixed_precision_reaches_the_target_step_by_step(onnx_target: list[
     raised = [len(r.data.tags.get("mixed_precision.raised", "").split(",")) if r.data.tags.get(
         "mixed_precision.raised") else 0 for r in steps]  # fmt: skip
     assert raised[0] == 0 and 12 <= raised[1] < raised[2]  # 12 asked for, and the layers that follow them
-    drops = [-100 * r.data.metrics["accuracy_delta"] for r in steps]
+    # Rounded to 6 decimals as reach_target rounds (search/target.py): the drops are counts of 10,000 images,
+    # and a drop of exactly 10 (87.19 to 87.09 %) computes as 0.10000000000000009 points: the search's 0.1.
+    drops = [round(-100 * r.data.metrics["accuracy_delta"], 6) for r in steps]
     assert drops[0] > 0.1 and drops[2] <= 0.1, drops
     assert {r.data.tags["mixed_precision.base_hash"] for r in steps[1:]} == {
         steps[0].data.tags["config_hash"]
@@ -174,7 +176,7 @@ def test_torch_mixed_precision_reaches_the_target(run_cli, workdir: Path) -> Non
         (r for r in children(runs, parent) if r.data.tags["quantized"] == "true"),
         key=lambda r: int(r.data.tags["mixed_precision.step"]),
     )
-    assert len(steps) == 2 and -100 * steps[1].data.metrics["accuracy_delta"] <= 0.1
+    assert len(steps) == 2 and round(-100 * steps[1].data.metrics["accuracy_delta"], 6) <= 0.1  # as above
     raised = set(steps[1].data.tags["mixed_precision.raised"].split(","))
     assert {"conv2d_1", "dense_1/Cast", "activation_6_1/Relu", "flatten_1/Reshape"} <= raised
     assert (steps[1].data.tags["dtype.activation"], steps[1].data.tags["dtype.weight"]) == ("int8", "int16")

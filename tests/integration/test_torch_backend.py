@@ -223,7 +223,8 @@ def test_reduce_range_native_matches_the_reference_on_any_cpu(onnx_path, calib_i
     reference = _accuracy(q.reference(test_set[0]), test_set[1])
     native = _accuracy(q.runtime.predict(test_set[0]), test_set[1])
     assert q.runtime.integer_kernels
-    assert abs(native - reference) * 100 <= TOLERANCE_POINTS, (native, reference)
+    # Rounded to 6 decimals as execution.judge rounds: 30 images apart can compute as 0.30000000000000027.
+    assert round(abs(native - reference) * 100, 6) <= TOLERANCE_POINTS, (native, reference)
     assert reference >= MIN_QUANT_ACCURACY
     weights = quantized_weights(load_program(q.path))
     assert len(weights) == 10 and all(int(w.min()) >= -64 and int(w.max()) <= 64 for w in weights)
