@@ -73,7 +73,7 @@ def main() -> None:
                     execute(
                         model,
                         images,
-                        arithmetic(device, seed, _shifts(model, device)),
+                        arithmetic(device, seed, _steps(model, device)),
                         device.images_per_step,
                     )
                 seconds[key].append(time.perf_counter() - start)
@@ -87,11 +87,11 @@ def main() -> None:
         )
 
 
-def _shifts(model, device: DeviceConfig) -> dict[str, int]:
+def _steps(model, device: DeviceConfig) -> dict:
     """worst-case ADC steps (no calibration pass: the bench times the evaluation)."""
-    from resnet8ptq.device.evaluate import adc_shifts
+    from resnet8ptq.device.evaluate import adc_steps
 
-    return adc_shifts(model, device, np.empty((0, 32, 32, 3), np.float32)) if device.adc_bits else {}
+    return adc_steps(model, device, np.empty((0, 32, 32, 3), np.float32))
 
 
 if __name__ == "__main__":

@@ -292,6 +292,7 @@ def log_device(
     golden vectors (:func:`resnet8ptq.device.export.export`)."""
     import pandas as pd
 
+    from resnet8ptq.device.adc import adc_table
     from resnet8ptq.device.export import export
 
     out_dir = context.output_dir / "device"
@@ -305,11 +306,9 @@ def log_device(
         draws, index=False
     )
     files = [predictions, draws]
-    if result.adc_shifts:
+    if result.adc_steps:
         steps = out_dir / "adc_steps.csv"
-        pd.DataFrame(
-            {"layer": list(result.adc_shifts), "adc_step": [2**s for s in result.adc_shifts.values()]}
-        ).to_csv(steps, index=False)
+        adc_table(result.adc_steps).to_csv(steps, index=False)
         files.append(steps)
     if result.layer_sqnr:
         sqnr = out_dir / "layer_sqnr.csv"

@@ -15,12 +15,13 @@ What is modelled, per layer, for every output (a crossbar column) and every imag
   noise of σ = ``weight_noise`` × the cell's full range (2^bits_per_cell - 1), drawn once per seed (the chip
   is programmed once, then every image runs on it).
 * **ADC** (aihwkit: ``forward.out_res``, ``out_bound``): each partial sum (tile × input slice × weight
-  slice) is read by a signed ``adc_bits`` ADC whose step is a power of two, so the digital side stays integer:
-  the step 2^s is the smallest that covers the layer's full scale (``adc_range``: ``calibrated``, the largest
-  partial sum on the calibration sample through the ideal integer network; ``worst_case``, the tile's largest
-  possible sum, rows × max input slice × max cell level), values beyond it saturate.
-* **Digital accumulator**: the shifted ADC codes are added tile by tile into a saturating
-  ``accumulator_bits`` register; the bias is added last, then requantization is the integer executor's.
+  slice) is read by a signed ``adc_bits`` ADC, rounded half to even to its step and saturated at
+  ±(2^(b-1) - 1) steps; the steps come per layer, tile or column from :mod:`.adc` (``adc_range``,
+  ``adc_granularity``, ``adc_step``). Input slices of one column share its ADC.
+* **Digital accumulator**: the ADC codes times their steps are shifted and added tile by tile into a
+  saturating ``accumulator_bits`` register; with ``free`` (non power-of-two) steps the register keeps
+  :data:`~.adc.STEP_FRACTION_BITS` fraction bits beside them and the sum is rounded half to even to an
+  integer once, after the last tile. The bias is added last, then requantization is the integer executor's.
 
 Not modelled: IR drop and wire resistance, conductance drift and read noise over time, device-to-device
 ADC mismatch and non-linear ADC transfer curves, stuck cells, and any analog activation or pooling.
@@ -34,6 +35,7 @@ import math
 import numpy as np
 import torch
 
+from resnet8ptq.device.adc import Geometry, LayerSteps, PartialSumProfile
 from resnet8ptq.device.config import Crossbar
 from resnet8ptq.device.executor import EXACT_FLOAT32, Arithmetic, float_conv
 from resnet8ptq.device.graph import Conv
@@ -78,16 +80,23 @@ def value_bits(low: int, high: int) -> tuple[int, bool]:
 class CrossbarArithmetic(Arithmetic):
     """A layer's accumulators on :class:`Crossbar`, for one programming of the weights (one noise seed).
 
-    ``adc_shifts`` (per layer name, the power-of-two ADC step's exponent) come from :meth:`calibrate` or
-    :func:`worst_case_shift`; ``generator`` draws the programming noise, once per layer, at first use."""
+    ``adc_steps`` (per layer name) come from :func:`resnet8ptq.device.evaluate.adc_steps`; with ``profile``,
+    every partial sum is added to it (calibration, on the ideal crossbar). ``seed`` draws the programming
+    noise, once per layer, at first use."""
 
-    def __init__(self, crossbar: Crossbar, seed: int = 0, adc_shifts: dict[str, int] | None = None) -> None:
+    def __init__(
+        self,
+        crossbar: Crossbar,
+        seed: int = 0,
+        adc_steps: dict[str, LayerSteps] | None = None,
+        profile: PartialSumProfile | None = None,
+    ) -> None:
         self.crossbar = crossbar
         self.seed = seed
-        self.adc_shifts = dict(adc_shifts or {})
+        self.adc_steps = dict(adc_steps or {})
+        self.profile = profile
         self._weights: dict[str, list[tuple[torch.Tensor, int]]] = {}
         self._generator = torch.Generator().manual_seed(seed)
-        self._record: dict[str, float] | None = None
 
     def weight_slices(self, layer: Conv) -> list[tuple[torch.Tensor, int]]:
         """The layer's programmed cell columns (O, K) per weight slice with their significance: sign ·
@@ -115,6 +124,11 @@ class CrossbarArithmetic(Arithmetic):
             self._weights[layer.name] = programmed
         return self._weights[layer.name]
 
+    def geometry(self, layer: Conv) -> Geometry:
+        """The layout of the layer's partial sums: tiles × weight slices × output columns."""
+        slices_ = len(self.weight_slices(layer))
+        return Geometry(len(tile_sizes(layer.terms, self.crossbar.rows)), slices_, len(layer.weight))
+
     def accumulate(self, layer: Conv, x: torch.Tensor) -> torch.Tensor:
         c = self.crossbar
         n, outputs = x.shape[0], len(layer.weight)
@@ -133,7 +147,9 @@ class CrossbarArithmetic(Arithmetic):
         largest = 2.0 ** min(c.dac_bits, in_bits) * float(stacked.abs().sum(dim=(1, 2, 3)).max())
         dtype = torch.float32 if largest < EXACT_FLOAT32 else torch.float64
         partial = float_conv(layer, torch.cat(digits), stacked.numpy(), dtype)  # (Sx·N, T·Sw·O, H', W')
-        read = self.adc(layer, partial)  # integers times a power of two: exact in float32 too
+        if self.profile is not None:
+            self.profile.add(layer.name, Geometry(len(sizes), len(w_shifts), outputs), partial)
+        read = self.adc(layer, partial)  # integers times the step: exact in float32 for pow2 steps
         read = read.reshape(len(x_shifts), n, len(sizes), len(w_shifts), outputs, *partial.shape[2:])
         if len(x_shifts) * len(w_shifts) == 1:
             tiles = read[0, :, :, 0].to(torch.float64)  # (N, T, O, H', W')
@@ -146,41 +162,33 @@ class CrossbarArithmetic(Arithmetic):
         acc = torch.zeros_like(tiles[:, 0])
         for tile in range(len(sizes)):  # the digital accumulator adds the tiles one by one, saturating
             acc = (acc + tiles[:, tile]).clamp_(-limit, limit - 1)
+        steps = self.adc_steps.get(layer.name)
+        if steps is not None and not steps.integral:
+            acc = torch.round(acc)  # fixed point (multiples of 2^-8) to the integer accumulator: half to even
         return acc
 
     def adc(self, layer: Conv, partial: torch.Tensor) -> torch.Tensor:
-        """A partial sum as the ADC reads it: rounded to the layer's power-of-two step, saturated to the
-        ADC's signed range (an ideal ADC: rounded to an integer, which changes only noisy sums)."""
-        if self._record is not None:
-            self._record[layer.name] = max(self._record.get(layer.name, 0.0), float(partial.abs().max()))
+        """A partial sum as the ADC reads it: code = round(p / step), half to even, clamped to the ADC's
+        window of codes, times the step (an ideal ADC: rounded to an integer, which changes only noisy
+        sums)."""
         if self.crossbar.adc_bits is None:
             return torch.round(partial)
-        step = 2.0 ** self.adc_shifts[layer.name]
-        top = 2 ** (self.crossbar.adc_bits - 1) - 1
-        return torch.round(partial / step).clamp_(-top, top) * step
+        adcs = self.adc_steps[layer.name]
+        dtype = partial.dtype if adcs.integral else torch.float64  # code · (M / 2^8): exact in float64
 
-    def start_recording(self) -> None:
-        """Record each layer's largest |partial sum| from now on (the calibrated ADC range)."""
-        self._record = {}
+        def per_column(values: np.ndarray) -> torch.Tensor:
+            column = torch.from_numpy(adcs.per_column(values).astype(np.float64))
+            return column.to(dtype=dtype, device=partial.device).reshape(1, -1, 1, 1)
 
-    def stop_recording(self) -> dict[str, float]:
-        record, self._record = self._record or {}, None
-        return record
+        step = per_column(adcs.steps)
+        code = torch.round(partial.to(dtype) / step)
+        return torch.clamp(code, per_column(adcs.code_min), per_column(adcs.code_max)) * step
 
 
 def input_range(layer: Conv) -> tuple[int, int]:
     """The centred input's integer range: qmin - zp .. qmax - zp."""
     q = layer.input_quant
     return q.qmin - q.zero_point, q.qmax - q.zero_point
-
-
-def step_shift(full_scale: float, adc_bits: int) -> int:
-    """The exponent of the smallest power-of-two ADC step whose ``adc_bits`` signed range (±(2^(b-1) - 1)
-    steps) covers ``full_scale``."""
-    top = 2 ** (adc_bits - 1) - 1
-    if full_scale <= top:
-        return 0
-    return math.ceil(math.log2(full_scale / top))
 
 
 def worst_case_full_scale(layer: Conv, crossbar: Crossbar) -> float:

@@ -5,10 +5,21 @@ the desktop runtimes. ``none`` (default: nothing is computed), ``integer`` (the 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 KINDS = ("none", "integer", "cim")
-ADC_RANGES = ("calibrated", "worst_case")
+RANGES = ("max", "percentile", "mse", "worst_case", "granular")  # the ADC range rules (device/adc.py)
+RANGE_ALIASES = {"calibrated": "max"}
+"""Earlier names of a range rule: the same rule, so that earlier runs' settings stay readable."""
+CALIBRATED_RANGES = ("max", "percentile", "mse")
+"""Rules that read the calibration sample's partial sums."""
+GRANULARITIES = ("layer", "tile", "column")
+STEPS = ("pow2", "free")
+WINDOWS = ("symmetric", "asymmetric")
+
+
+RANGE_LABELS = {"max": "max", "percentile": "p{p:g}", "mse": "mse", "worst_case": "wc", "granular": "gran"}
+"""How a run's name shows the ADC range rule (``cim-r128-adc4-p99.99-column-free``)."""
 
 
 @dataclass
@@ -18,12 +29,22 @@ class Crossbar:
 
     rows: int | None = None  # crossbar rows per tile (aihwkit: mapping.max_input_size); null: one tile
     adc_bits: int | None = None  # ADC resolution per partial sum (aihwkit: forward.out_res); null: ideal
-    adc_range: str = "calibrated"  # the ADC's full scale: calibrated | worst_case
+    adc_range: str = "max"  # the ADC's full scale: max | percentile | mse | worst_case | granular (adc.py)
+    adc_percentile: float = 99.99  # adc_range=percentile: of |partial sum| (CrossSim's default)
+    adc_granularity: str = "layer"  # one ADC range per layer | tile | column
+    adc_step: str = "pow2"  # the ADC step: pow2 (the digital side shifts) | free (a fixed-point multiplier)
+    adc_window: str = "symmetric"  # ADC codes: symmetric (±(2^(b-1) - 1)) | asymmetric (2^b over the range)
     dac_bits: int = 8  # input bits per cycle (aihwkit: forward.inp_res); 8: the whole input at once
     bits_per_cell: int = 8  # levels of one memory cell, in bits
     cells_per_weight: int = 1  # cells a weight's magnitude is sliced over
     weight_noise: float = 0.0  # programming noise σ, a fraction of a cell's range (aihwkit: w_noise)
     accumulator_bits: int = 32  # the digital accumulator adding the tiles (saturating)
+
+    def ideal(self) -> Crossbar:
+        """The same tiles and slices with an exact ADC and no noise: the crossbar the ADC ranges are
+        calibrated on (a new non-ideality is switched off here, once)."""
+        plain = Crossbar(**{item.name: getattr(self, item.name) for item in fields(Crossbar)})
+        return replace(plain, adc_bits=None, weight_noise=0.0)
 
 
 @dataclass
@@ -53,8 +74,30 @@ class DeviceConfig(Crossbar):
                 f"device.adc_bits={self.adc_bits}: expected 2..24 bits (a signed ADC), or null (ideal)",
             ),
             (
-                self.adc_range in ADC_RANGES,
-                f"device.adc_range={self.adc_range!r}: expected one of {', '.join(ADC_RANGES)}",
+                self.adc_range in RANGES + tuple(RANGE_ALIASES),
+                f"device.adc_range={self.adc_range!r}: expected one of {', '.join(RANGES)}",
+            ),
+            (
+                math.isfinite(self.adc_percentile) and 0 < self.adc_percentile <= 100,
+                f"device.adc_percentile={self.adc_percentile}: expected a percentile in (0, 100]",
+            ),
+            (
+                self.adc_percentile == 99.99 or self.range_rule == "percentile",
+                f"device.adc_percentile={self.adc_percentile} with device.adc_range={self.adc_range}: "
+                "the percentile applies to device.adc_range=percentile only",
+            ),
+            (
+                self.adc_granularity in GRANULARITIES,
+                f"device.adc_granularity={self.adc_granularity!r}: expected one of "
+                f"{', '.join(GRANULARITIES)}",
+            ),
+            (
+                self.adc_step in STEPS,
+                f"device.adc_step={self.adc_step!r}: expected one of {', '.join(STEPS)}",
+            ),
+            (
+                self.adc_window in WINDOWS,
+                f"device.adc_window={self.adc_window!r}: expected one of {', '.join(WINDOWS)}",
             ),
             (1 <= self.dac_bits <= 16, f"device.dac_bits={self.dac_bits}: expected 1..16 bits per cycle"),
             (1 <= self.bits_per_cell <= 16, f"device.bits_per_cell={self.bits_per_cell}: expected 1..16"),
@@ -79,6 +122,11 @@ class DeviceConfig(Crossbar):
         return self.kind != "none"
 
     @property
+    def range_rule(self) -> str:
+        """``adc_range`` with an earlier name resolved (``calibrated`` is ``max``)."""
+        return RANGE_ALIASES.get(self.adc_range, self.adc_range)
+
+    @property
     def images_per_step(self) -> int:
         """``batch_size`` divided by the slices a crossbar multiplies at once (bit-serial inputs of an 8-bit
         activation × weight cells), so that memory stays about the same."""
@@ -100,7 +148,12 @@ class DeviceConfig(Crossbar):
         parts = ["cim"]
         parts += [f"r{self.rows}"] if self.rows is not None else []
         parts += [f"adc{self.adc_bits}"] if self.adc_bits is not None else []
-        parts += ["wc"] if self.adc_range != "calibrated" and self.adc_bits is not None else []
+        if self.adc_bits is not None:
+            rule = RANGE_LABELS[self.range_rule].format(p=self.adc_percentile)
+            parts += [rule] if self.range_rule != "max" else []
+            parts += [self.adc_granularity] if self.adc_granularity != "layer" else []
+            parts += ["free"] if self.adc_step != "pow2" else []
+            parts += ["asym"] if self.adc_window != "symmetric" else []
         parts += [f"dac{self.dac_bits}"] if self.dac_bits != 8 else []
         parts += (
             [f"c{self.bits_per_cell}x{self.cells_per_weight}"]

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 from tqdm import tqdm
 
-from resnet8ptq.device.cim import CrossbarArithmetic, step_shift, worst_case_full_scale
-from resnet8ptq.device.config import DeviceConfig
+from resnet8ptq.device.adc import LayerSteps, PartialSumProfile, calibrated_steps, fixed_steps
+from resnet8ptq.device.cim import CrossbarArithmetic, worst_case_full_scale
+from resnet8ptq.device.config import CALIBRATED_RANGES, DeviceConfig
 from resnet8ptq.device.executor import Arithmetic, Ideal, execute, predictions
 from resnet8ptq.device.graph import IntegerModel
 from resnet8ptq.spec import sqnr_db
@@ -31,7 +32,7 @@ class DeviceResult:
     interval: tuple[float, float]
     subset_accuracy: float  # mean over draws, on MLPerf Tiny's performance subset
     differing_from_reference: int  # test images whose (first draw's) prediction differs from the reference
-    adc_shifts: dict[str, int] = field(default_factory=dict)  # per layer: the ADC step's exponent
+    adc_steps: dict[str, LayerSteps] = field(default_factory=dict)  # per layer: the ADC steps
     layer_sqnr: dict[str, float] = field(default_factory=dict)  # per layer: the device vs the ideal (dB)
     seconds: float = 0.0
 
@@ -73,23 +74,37 @@ def seed_interval(accuracies: list[float], confidence: float = 0.95) -> tuple[fl
     return mean - half, mean + half
 
 
-def adc_shifts(model: IntegerModel, device: DeviceConfig, calibration_images: np.ndarray) -> dict[str, int]:
-    """Each layer's ADC step exponent: from the largest |partial sum| on the calibration images through the
-    ideal network cut into the same tiles and slices (``calibrated``), or from the tile's largest possible
-    sum (``worst_case``). Empty for an ideal ADC."""
+def adc_steps(
+    model: IntegerModel, device: DeviceConfig, calibration_images: np.ndarray
+) -> dict[str, LayerSteps]:
+    """Each layer's ADC steps (:mod:`resnet8ptq.device.adc`): from the partial sums of the ideal crossbar (the
+    same tiles and slices, exact ADC, no noise) on the calibration images (``max``, ``percentile``, ``mse``),
+    from the tile's largest possible sum (``worst_case``) or one unit (``granular``). Empty for an ideal
+    ADC."""
     crossbar = device.crossbar()
     if crossbar.adc_bits is None:
         return {}
-    if crossbar.adc_range == "worst_case":
+    rule, bits = device.range_rule, crossbar.adc_bits
+    granularity, window, step = crossbar.adc_granularity, crossbar.adc_window, crossbar.adc_step
+    if rule not in CALIBRATED_RANGES:
+        layout = CrossbarArithmetic(crossbar.ideal())
         return {
-            layer.name: step_shift(worst_case_full_scale(layer, crossbar), crossbar.adc_bits)
+            layer.name: fixed_steps(
+                layout.geometry(layer),
+                granularity,
+                worst_case_full_scale(layer, crossbar) if rule == "worst_case" else None,
+                bits,
+                window,
+                step,
+            )
             for layer in model.convs
         }
-    ideal_adc = CrossbarArithmetic(replace(crossbar, adc_bits=None, weight_noise=0.0))
-    ideal_adc.start_recording()
-    execute(model, calibration_images, ideal_adc, batch_size=device.images_per_step)
-    largest = ideal_adc.stop_recording()
-    return {name: step_shift(value, crossbar.adc_bits) for name, value in largest.items()}
+    if len(calibration_images) == 0:
+        raise ValueError(f"device.adc_range={rule} sets the ADC ranges from calibration images; none given.")
+    profile = PartialSumProfile()
+    execute(model, calibration_images, CrossbarArithmetic(crossbar.ideal(), profile=profile),
+            batch_size=device.images_per_step)  # fmt: skip
+    return calibrated_steps(profile, bits, rule, granularity, window, step, crossbar.adc_percentile)
 
 
 SQNR_IMAGES = 200
@@ -111,12 +126,12 @@ def layer_sqnr(model: IntegerModel, device: Arithmetic, images: np.ndarray) -> d
     return result
 
 
-def arithmetic(device: DeviceConfig, seed: int, shifts: dict[str, int]) -> Arithmetic:
+def arithmetic(device: DeviceConfig, seed: int, steps: dict[str, LayerSteps]) -> Arithmetic:
     """The device's arithmetic for one noise draw: the crossbar model for ``cim`` (even when ideal, so that
     its equality with ``integer`` is tested), exact integers for ``integer``."""
     if device.kind == "integer":
         return Ideal()
-    return CrossbarArithmetic(device.crossbar(), seed=seed, adc_shifts=shifts)
+    return CrossbarArithmetic(device.crossbar(), seed=seed, adc_steps=steps)
 
 
 def evaluate_device(
@@ -131,12 +146,12 @@ def evaluate_device(
 ) -> DeviceResult:
     """Run ``model`` on ``device`` over every test image, once per noise draw (seeds 0, 1, ...)."""
     start = time.perf_counter()
-    shifts = adc_shifts(model, device, calibration_images)
+    steps = adc_steps(model, device, calibration_images)
     accuracies, subset, first = [], [], None
     with tqdm(total=len(images) * device.seeds, desc=f"Device {name}", unit="img", leave=False) as bar:
         for seed in range(device.seeds):
             logits, _ = execute(
-                model, images, arithmetic(device, seed, shifts), device.images_per_step, 0, bar.update
+                model, images, arithmetic(device, seed, steps), device.images_per_step, 0, bar.update
             )
             predicted = predictions(model, logits)
             first = predicted if first is None else first
@@ -145,7 +160,7 @@ def evaluate_device(
     sqnr = {}
     if device.kind == "cim":  # the ideal integer device is the reference itself
         sample = images[: min(SQNR_IMAGES, device.images_per_step)]
-        sqnr = layer_sqnr(model, arithmetic(device, 0, shifts), sample)
+        sqnr = layer_sqnr(model, arithmetic(device, 0, steps), sample)
     correct = int(np.sum(first == labels))
     interval = seed_interval(accuracies) if len(accuracies) > 1 else accuracy_interval(correct, len(labels))
     return DeviceResult(
@@ -155,7 +170,7 @@ def evaluate_device(
         interval=interval,
         subset_accuracy=float(np.mean(subset)),
         differing_from_reference=int(np.sum(first != reference_predictions)),
-        adc_shifts=shifts,
+        adc_steps=steps,
         layer_sqnr=sqnr,
         seconds=time.perf_counter() - start,
     )

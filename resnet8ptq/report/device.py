@@ -3,7 +3,6 @@ the reference, a map over the two crossbar settings the sweep varies most, accur
 
 from __future__ import annotations
 
-import numpy as np
 import pandas as pd
 
 from resnet8ptq.drawing import draw
@@ -70,8 +69,10 @@ def device_map(report: Report, runs: pd.DataFrame) -> list[str]:
     for key, group in crossbar.groupby(["model", *others], dropna=False, sort=True):
         title = key[0] + "".join(
             f", {name.removeprefix('device_')}={value:g}"
+            if isinstance(value, float)
+            else f", {name.removeprefix('device_')}={value}"
             for name, value in zip(others, key[1:], strict=True)
-            if isinstance(value, float) and not np.isnan(value) and crossbar[name].nunique() > 1
+            if pd.notna(value) and crossbar[name].nunique() > 1
         )
         cells = group.drop_duplicates([x, y]).set_index([y, x])["accuracy_device"] * 100
         grid = cells.unstack()

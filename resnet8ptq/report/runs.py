@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import fields
 
 import numpy as np
 import pandas as pd
@@ -10,6 +11,7 @@ from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
 from resnet8ptq.data import CLASS_NAMES
+from resnet8ptq.device.config import Crossbar, DeviceConfig
 from resnet8ptq.errors import ReportError
 from resnet8ptq.hardware import Hardware
 from resnet8ptq.records import REFERENCE_TAG
@@ -178,17 +180,9 @@ def runs_frame(runs: Iterable[Run]) -> pd.DataFrame:
     return frame
 
 
-DEVICE_SETTINGS = (
-    "rows",
-    "adc_bits",
-    "adc_range",
-    "dac_bits",
-    "bits_per_cell",
-    "cells_per_weight",
-    "weight_noise",
-    "accumulator_bits",
-)
-"""The crossbar settings a device run is tagged with (``device.<setting>``), columns ``device_<setting>``."""
+DEVICE_SETTINGS = tuple(item.name for item in fields(Crossbar))
+"""The crossbar settings a device run is tagged with (``device.<setting>``), columns ``device_<setting>``:
+read from the :class:`~resnet8ptq.device.config.Crossbar` dataclass, so a new setting needs no edit here."""
 
 
 def device_columns(tags: dict[str, str]) -> dict[str, object]:
@@ -200,12 +194,12 @@ def device_columns(tags: dict[str, str]) -> dict[str, object]:
     columns["device_worst_layer"] = tags.get("device.worst_layer", "")
     if kind == "none":
         return columns
-    from resnet8ptq.device.config import DeviceConfig
-
     settings = {name: tags[f"device.{name}"] for name in DEVICE_SETTINGS if f"device.{name}" in tags}
     typed = {name: _setting(value) for name, value in settings.items()}
     columns["device"] = DeviceConfig(kind=kind, **typed).label
-    columns |= {f"device_{name}": value for name, value in typed.items() if isinstance(value, int | float)}
+    defaults = {item.name: item.default for item in fields(Crossbar)}  # a setting added later: its default
+    columns |= {f"device_{name}": typed.get(name, defaults[name]) for name in DEVICE_SETTINGS}
+    columns |= {name: np.nan for name, value in columns.items() if value is None}
     return columns
 
 

@@ -15,7 +15,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from resnet8ptq.algorithms import parameter_defaults
-from resnet8ptq.device.config import DeviceConfig
+from resnet8ptq.device.config import RANGE_ALIASES, DeviceConfig
 
 PROJECT_DIR = Path(__file__).resolve().parents[1]
 
@@ -65,6 +65,10 @@ at that value, so the earlier runs keep their config_hash and resumed sweeps sti
 parameters and the device's settings enter at their defaults, read from their schemas: a later change of one
 of those defaults must write its earlier value here."""
 
+VALUE_ALIASES = {"device.adc_range": RANGE_ALIASES}
+"""Earlier names of a setting's value, hashed as the value they name (``device.adc_range=calibrated`` is
+``max``): a run under the old name keeps its config_hash."""
+
 
 def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     """{"a": {"b": 1}} -> {"a.b": 1}."""
@@ -97,6 +101,7 @@ def config_hash(params: Mapping[str, Any], identity: Mapping[str, str]) -> str:
         for key, value in params.items()
         if key not in GROUP_CHOICES + NOT_RESULT and (key in RESULT_KEYS or key.startswith(prefixes))
     }
+    relevant = {key: VALUE_ALIASES.get(key, {}).get(value, value) for key, value in relevant.items()}
     relevant = {key: value for key, value in relevant.items() if ADDED_DEFAULTS.get(key) != value}
     relevant.update(identity)
     return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]

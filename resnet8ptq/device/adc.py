@@ -1,0 +1,407 @@
+"""ADC ranges: each ADC's step and code window, set from the partial sums of the ideal crossbar on the
+calibration images (or from the array's worst case), per layer, per row tile or per column.
+
+A ``b``-bit ADC reads a partial sum p as the code round(p / step), half to even, clamped to its window of
+codes ``[code_min, code_max]``; the digital side takes code · step. The window (``device.adc_window``):
+
+* ``symmetric``: a signed ADC, codes -(2^(b-1) - 1) .. 2^(b-1) - 1, zero at code 0 (aihwkit's ``out_bound``
+  is such a symmetric full scale);
+* ``asymmetric``: all 2^b codes over the calibrated range [low, high], the window's first code chosen with
+  the range (CrossSim calibrates an ADC's (min, max) range): a column whose sums are mostly positive spends
+  no codes on negative values it never sees. The offset is a whole number of steps, so the reading stays
+  code · step.
+
+The range rules (``device.adc_range``; the field's names beside them) give [low, high]:
+
+* ``max`` (formerly ``calibrated``): the smallest and largest partial sums seen on the calibration sample
+  (CrossSim's ``MAX`` calibration); symmetric: the largest |sum|;
+* ``percentile``: the (100 - q)-th and q-th percentiles of the sums, q = ``adc_percentile`` (CrossSim's
+  default for bit-sliced arrays: 99.99), clipping the rarest sums; symmetric: the q-th percentile of |sum|;
+* ``mse``: the step and window that minimise the ADC's squared error (rounding plus clipping) over the
+  calibration partial sums: a search over steps (every power of two, or 32 per octave for ``free``) and, for
+  an asymmetric window, its position (CrossSim searches clipping percentiles for the least L1 error;
+  NeuroSim V1.5 calibrates by histogram);
+* ``worst_case``: ± the tile's largest possible sum, rows × the largest input digit × the largest cell level
+  (nothing ever saturates; the same for every column of a tile);
+* ``granular``: a step of one unit (the ADC reads small sums exactly; CrossSim's ``GRANULAR``), the window
+  following from the bits.
+
+Granularity (``device.adc_granularity``): ``layer`` (one range per layer), ``tile`` (one per row tile, all
+of its columns), ``column`` (one per physical column: tile × weight slice × output channel, as aihwkit's
+per-channel output scaling and NeuroSim's ``adc_axis``). Input (DAC) slices share their column's ADC.
+
+Step (``device.adc_step``): ``pow2``, the smallest power of two whose window covers the range (the digital
+side shifts: every reading an integer); or ``free``, the range divided by the codes, held as a fixed-point
+number with :data:`STEP_FRACTION_BITS` fraction bits (never below one unit) and folded into the digital side
+as a multiplier (:mod:`.cim` adds the products with that many fraction bits and rounds once).
+
+Calibration sees the partial sums of the *ideal* crossbar (same tiles and slices, exact ADC, no noise) and
+keeps, per column, the smallest and largest sum and a histogram of the sums (:class:`PartialSumProfile`):
+exact integer bins for |sum| < 2^10, then :data:`BINS_PER_OCTAVE` bins per octave (relative width at most
+1.6 %), mirrored for negative sums: a percentile is exact below 1,024 and within 1.6 % above it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+STEP_FRACTION_BITS = 8
+"""Fraction bits of a ``free`` ADC step in the digital rescale (a step is M / 2^8, M an integer)."""
+
+EXACT_BINS = 1024  # |sum| < 2^10: one bin per integer
+BINS_PER_OCTAVE = 64
+OCTAVES = 30  # up to 2^40: beyond any partial sum of an 8-bit network
+BINS = EXACT_BINS + OCTAVES * BINS_PER_OCTAVE
+"""Bins of |sum|; the signed histogram has 2 × BINS: negative sums mirrored below, then 0 and positive."""
+FREE_STEPS_PER_OCTAVE = 32
+
+
+def magnitude_edges() -> tuple[np.ndarray, np.ndarray]:
+    """Each |sum| bin's (low, high) edges; integer bins hold one value (low == high)."""
+    exact = np.arange(EXACT_BINS, dtype=np.float64)
+    k = np.arange(OCTAVES * BINS_PER_OCTAVE)
+    octave, sub = np.divmod(k, BINS_PER_OCTAVE)
+    base = EXACT_BINS * np.exp2(octave)
+    low = base * (1 + sub / BINS_PER_OCTAVE)
+    high = base * (1 + (sub + 1) / BINS_PER_OCTAVE)
+    return np.concatenate([exact, low]), np.concatenate([exact, high])
+
+
+def signed_edges() -> tuple[np.ndarray, np.ndarray]:
+    """The signed histogram's (low, high) edges, ascending: -|sum| bins reversed, then the |sum| bins."""
+    low, high = magnitude_edges()
+    return np.concatenate([-high[::-1], low]), np.concatenate([-low[::-1], high])
+
+
+def magnitude_bin(magnitude: torch.Tensor) -> torch.Tensor:
+    """The |sum| bin of each magnitude (an integer-valued float tensor, >= 0): the integer itself below
+    2^10, else its octave's bin (linear in the mantissa)."""
+    mantissa, exponent = torch.frexp(magnitude)  # magnitude = mantissa · 2^exponent, mantissa in [0.5, 1)
+    sub = torch.floor((mantissa * 2 - 1) * BINS_PER_OCTAVE)
+    logarithmic = EXACT_BINS + (exponent - 11).to(magnitude.dtype) * BINS_PER_OCTAVE + sub
+    index = torch.where(magnitude < EXACT_BINS, magnitude, logarithmic)
+    return index.clamp_(0, BINS - 1).to(torch.int64)
+
+
+def signed_bin(values: torch.Tensor) -> torch.Tensor:
+    """The signed histogram's bin of each integer-valued sum."""
+    index = magnitude_bin(values.abs())
+    return torch.where(values < 0, BINS - 1 - index, BINS + index)
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """How a layer's partial sums are laid out: ``tiles`` × ``slices`` (weight cells) × ``outputs`` columns,
+    in that order on dim 1 of the crossbar's partial-sum tensor."""
+
+    tiles: int
+    slices: int
+    outputs: int
+
+    @property
+    def columns(self) -> int:
+        return self.tiles * self.slices * self.outputs
+
+    def groups(self, granularity: str) -> int:
+        return {"layer": 1, "tile": self.tiles, "column": self.columns}[granularity]
+
+    def group_of_column(self, granularity: str) -> np.ndarray:
+        """The range group of every column (dim-1 index) of the partial sums."""
+        column = np.arange(self.columns)
+        if granularity == "layer":
+            return np.zeros_like(column)
+        if granularity == "tile":
+            return column // (self.slices * self.outputs)
+        return column
+
+    def index_table(self, granularity: str) -> dict[str, list[int | None]]:
+        """The (tile, cell slice, output column) each group stands for; ``None`` where it spans them all."""
+        groups = self.groups(granularity)
+        if granularity != "column":
+            tiles = list(range(groups)) if granularity == "tile" else [None]
+            return {"tile": tiles, "cell_slice": [None] * groups, "column": [None] * groups}
+        tile, rest = np.divmod(np.arange(self.columns), self.slices * self.outputs)
+        cell_slice, column = np.divmod(rest, self.outputs)
+        return {"tile": tile.tolist(), "cell_slice": cell_slice.tolist(), "column": column.tolist()}
+
+
+@dataclass(frozen=True)
+class LayerSteps:
+    """One layer's ADCs, one per range group (``granularity``): the step in units of the partial sum and the
+    window of codes; the reading is step · clamp(round(p / step), code_min, code_max)."""
+
+    geometry: Geometry
+    granularity: str
+    steps: np.ndarray  # (groups,) float64: integers for pow2 steps, multiples of 2^-8 for free ones
+    code_min: np.ndarray  # (groups,) int64
+    code_max: np.ndarray  # (groups,) int64
+
+    @classmethod
+    def symmetric(cls, geometry: Geometry, granularity: str, steps: np.ndarray, adc_bits: int) -> LayerSteps:
+        """ADCs of a symmetric window (codes ±(2^(b-1) - 1)) at ``steps``."""
+        top = np.full(len(steps), adc_top(adc_bits), dtype=np.int64)
+        return cls(geometry, granularity, np.asarray(steps, np.float64), -top, top)
+
+    def per_column(self, values: np.ndarray) -> np.ndarray:
+        """``values`` (one per group) for every column (dim 1) of the partial sums."""
+        return values[self.geometry.group_of_column(self.granularity)]
+
+    @property
+    def integral(self) -> bool:
+        """Every step a whole number: the readings are integers."""
+        return bool(np.all(self.steps == np.round(self.steps)))
+
+
+class PartialSumProfile:
+    """Per layer and column of the ideal crossbar's partial sums on the calibration sample: the smallest and
+    largest sum and the signed histogram (:func:`signed_bin`)."""
+
+    def __init__(self) -> None:
+        self.geometry: dict[str, Geometry] = {}
+        self.low: dict[str, torch.Tensor] = {}
+        self.high: dict[str, torch.Tensor] = {}
+        self.counts: dict[str, torch.Tensor] = {}
+
+    def add(self, name: str, geometry: Geometry, partial: torch.Tensor) -> None:
+        """Add a batch of one layer's partial sums (slices·N, columns, H', W')."""
+        values = partial.detach().transpose(0, 1).reshape(geometry.columns, -1)
+        low, high = (v.to(torch.float64).cpu() for v in torch.aminmax(values, dim=1))
+        offsets = torch.arange(geometry.columns, device=values.device)[:, None] * (2 * BINS)
+        index = (signed_bin(values) + offsets).reshape(-1)
+        counts = torch.bincount(index, minlength=geometry.columns * 2 * BINS).reshape(-1, 2 * BINS).cpu()
+        if name in self.counts:
+            self.low[name] = torch.minimum(self.low[name], low)
+            self.high[name] = torch.maximum(self.high[name], high)
+            self.counts[name] += counts
+        else:
+            self.geometry[name], self.counts[name] = geometry, counts
+            self.low[name], self.high[name] = low, high
+
+    def grouped(self, name: str, granularity: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(smallest sum, largest sum, signed histogram (groups, 2 × BINS)) per group at ``granularity``."""
+        group = torch.from_numpy(self.geometry[name].group_of_column(granularity))
+        groups = self.geometry[name].groups(granularity)
+        counts = torch.zeros((groups, 2 * BINS), dtype=torch.int64).index_add_(0, group, self.counts[name])
+        low = torch.zeros(groups, dtype=torch.float64).scatter_reduce_(
+            0, group, self.low[name], reduce="amin", include_self=False
+        )
+        high = torch.zeros(groups, dtype=torch.float64).scatter_reduce_(
+            0, group, self.high[name], reduce="amax", include_self=False
+        )
+        return low.numpy(), high.numpy(), counts.numpy()
+
+
+def codes(adc_bits: int, window: str) -> int:
+    """Steps from the window's first code to its last: 2^b - 2 (symmetric: ±(2^(b-1) - 1)), 2^b - 1."""
+    return 2**adc_bits - (2 if window == "symmetric" else 1)
+
+
+def adc_top(adc_bits: int) -> int:
+    """The largest code of a symmetric ``adc_bits`` ADC: 2^(b-1) - 1."""
+    return 2 ** (adc_bits - 1) - 1
+
+
+def percentile_range(
+    low: np.ndarray, high: np.ndarray, counts: np.ndarray, percentile: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per group, the (100 - q)-th and q-th percentiles of the sums: the outer edges of the bins where the
+    cumulative count reaches them (exact in the integer bins), within the smallest and largest sum."""
+    edge_low, edge_high = signed_edges()
+    cumulative = np.cumsum(counts, axis=1)
+    total = cumulative[:, -1:]
+    upper = (cumulative >= np.ceil(total * percentile / 100.0)).argmax(axis=1)
+    lower = (cumulative > np.floor(total * (100.0 - percentile) / 100.0)).argmax(axis=1)
+    return np.maximum(edge_low[lower], low), np.minimum(edge_high[upper], high)
+
+
+def magnitude_percentile(largest: np.ndarray, counts: np.ndarray, percentile: float) -> np.ndarray:
+    """Per group, the q-th percentile of |sum| from the signed histogram, within the largest |sum|."""
+    _, edge_high = magnitude_edges()
+    magnitude = counts[:, BINS:].copy()
+    magnitude[:, 1:] += counts[:, : BINS - 1][:, ::-1]  # -|v| in bin BINS - 1 - m joins |v| in bin m
+    cumulative = np.cumsum(magnitude, axis=1)
+    upper = (cumulative >= np.ceil(cumulative[:, -1:] * percentile / 100.0)).argmax(axis=1)
+    return np.minimum(edge_high[upper], largest)
+
+
+def cover(width: np.ndarray, adc_bits: int, window: str, step: str) -> np.ndarray:
+    """The step whose window of codes spans ``width`` (high - low; symmetric: twice the largest |sum|): the
+    smallest power of two (``pow2``), or width / codes in fixed point with :data:`STEP_FRACTION_BITS`
+    fraction bits (``free``); at least one unit."""
+    ratio = np.maximum(np.asarray(width, np.float64) / codes(adc_bits, window), 1.0)
+    if step == "pow2":
+        return np.exp2(np.ceil(np.log2(ratio) - 1e-12))
+    unit = 2.0**STEP_FRACTION_BITS
+    return np.maximum(np.round(ratio * unit), unit) / unit
+
+
+def window_for(low: np.ndarray, high: np.ndarray, steps: np.ndarray, adc_bits: int, window: str):
+    """The codes (min, max) of each group's window for the range [low, high] at ``steps``: ± the top code
+    (symmetric), or 2^b codes centred on the range (asymmetric)."""
+    n = codes(adc_bits, window)
+    if window == "symmetric":
+        top = np.full(len(steps), adc_top(adc_bits), dtype=np.int64)
+        return -top, top
+    first = np.round((low + high) / (2 * steps) - n / 2).astype(np.int64)
+    return first, first + n
+
+
+def range_steps(
+    low: np.ndarray, high: np.ndarray, geometry: Geometry, granularity: str, adc_bits: int, window: str,
+    step: str,
+) -> LayerSteps:  # fmt: skip
+    """The ADCs that cover [low, high] per group."""
+    width = 2 * np.maximum(np.abs(low), np.abs(high)) if window == "symmetric" else high - low
+    steps = cover(width, adc_bits, window, step)
+    code_min, code_max = window_for(low, high, steps, adc_bits, window)
+    return LayerSteps(geometry, granularity, steps, code_min, code_max)
+
+
+def least_error(
+    counts: np.ndarray, low: float, high: float, adc_bits: int, window: str, step: str
+) -> tuple[float, int]:
+    """One group's (step, first code) of least squared ADC error over its signed histogram: every power of
+    two (``pow2``), or 4 steps per octave, then :data:`FREE_STEPS_PER_OCTAVE` around the best (``free``);
+    for an asymmetric window, 65 positions of the window for each step."""
+    error = AdcError(counts, adc_bits, window)
+    k = codes(adc_bits, window)
+    span = max(high - low, 1.0) if window == "asymmetric" else 2 * max(abs(low), abs(high), 0.5)
+    widest = max(span / k, 1.0)
+    if step == "pow2":
+        candidates = np.exp2(np.arange(0, np.ceil(np.log2(widest) - 1e-12) + 1))
+        return min((error.at(s, low, high) for s in candidates), key=lambda found: found[0])[1:]
+    octaves = np.log2(widest)
+
+    def search(exponents: np.ndarray) -> tuple[float, float, int]:
+        steps = np.unique(cover(widest * np.exp2(-exponents) * k, adc_bits, window, "free"))
+        return min((error.at(s, low, high) for s in steps), key=lambda found: found[0])
+
+    coarse = search(np.arange(0, np.floor(octaves * 4) + 1) / 4)
+    centre = np.log2(widest / coarse[1])
+    fine = search(np.clip(centre + np.arange(-8, 9) / FREE_STEPS_PER_OCTAVE, 0, octaves))
+    return min(coarse, fine, key=lambda found: found[0])[1:]
+
+
+class AdcError:
+    """The squared ADC error of a step and window over one group's signed histogram.
+
+    A bin's sums are taken at its centre; a bin's rounding error is exact at the centre where the step is at
+    least 4 bin widths (a Riemann sum) and step²/12 where the bin is wider. The per-bin rounding errors are
+    summed cumulatively, so every window position costs two look-ups; clipping beyond the window is
+    Σ n (v - edge)², from cumulative sums of n, n·v and n·v²."""
+
+    def __init__(self, counts: np.ndarray, adc_bits: int, window: str) -> None:
+        edge_low, edge_high = signed_edges()
+        used = counts > 0
+        self.v = ((edge_low + edge_high) / 2)[used]
+        self.w = (edge_high - edge_low)[used]
+        self.n = counts[used].astype(np.float64)
+        self.s0, self.s1, self.s2 = (
+            np.concatenate([[0.0], np.cumsum(self.n * self.v**p)]) for p in (0, 1, 2)
+        )
+        self.adc_bits, self.window = adc_bits, window
+
+    def at(self, s: float, low: float, high: float) -> tuple[float, float, int]:
+        """(least error, step, first code) at step ``s`` over the window positions."""
+        v, n, s0, s1, s2 = self.v, self.n, self.s0, self.s1, self.s2
+        k = codes(self.adc_bits, self.window)
+        rounding = np.where(4 * self.w > s, s * s / 12, (v - np.round(v / s) * s) ** 2)
+        r = np.concatenate([[0.0], np.cumsum(n * rounding)])
+        if self.window == "symmetric":
+            firsts = np.array([-adc_top(self.adc_bits)])
+        else:
+            lowest, highest = np.floor(low / s), np.ceil(high / s) - k
+            spread = np.linspace(min(lowest, highest), max(lowest, highest), 65)
+            firsts = np.unique(np.round(spread)).astype(np.int64)
+        bottom, top = firsts * s, (firsts + k) * s
+        i = np.searchsorted(v, bottom, side="left")  # bins below the window: read as its bottom
+        j = np.searchsorted(v, top, side="right")  # bins above the window: read as its top
+        below = s2[i] - 2 * bottom * s1[i] + bottom**2 * s0[i]
+        above = (s2[-1] - s2[j]) - 2 * top * (s1[-1] - s1[j]) + top**2 * (s0[-1] - s0[j])
+        error = below + above + (r[j] - r[i])
+        at = int(error.argmin())
+        return float(error[at]), float(s), int(firsts[at])
+
+
+def calibrated_steps(
+    profile: PartialSumProfile,
+    adc_bits: int,
+    rule: str,
+    granularity: str,
+    window: str,
+    step: str,
+    percentile: float,
+) -> dict[str, LayerSteps]:
+    """Every profiled layer's ADCs by a calibrated rule (``max``, ``percentile``, ``mse``)."""
+    result = {}
+    for name, geometry in profile.geometry.items():
+        low, high, counts = profile.grouped(name, granularity)
+        if rule == "max":
+            result[name] = range_steps(low, high, geometry, granularity, adc_bits, window, step)
+        elif rule == "percentile":
+            if window == "symmetric":
+                high = magnitude_percentile(np.maximum(np.abs(low), np.abs(high)), counts, percentile)
+                low = -high
+            else:
+                low, high = percentile_range(low, high, counts, percentile)
+            result[name] = range_steps(low, high, geometry, granularity, adc_bits, window, step)
+        elif rule == "mse":
+            found = [
+                least_error(c, lo, hi, adc_bits, window, step)
+                for c, lo, hi in zip(counts, low, high, strict=True)
+            ]
+            steps = np.array([s for s, _ in found])
+            first = np.array([f for _, f in found], dtype=np.int64)
+            result[name] = LayerSteps(geometry, granularity, steps, first, first + codes(adc_bits, window))
+        else:
+            raise ValueError(f"device.adc_range={rule!r} is not calibrated from partial sums.")
+    return result
+
+
+def fixed_steps(
+    geometry: Geometry, granularity: str, full_scale: float | None, adc_bits: int, window: str, step: str
+) -> LayerSteps:
+    """Every group of a layer over ± ``full_scale`` (``worst_case``), or at a step of one unit with the window
+    around zero (``granular``: ``full_scale`` None)."""
+    groups = geometry.groups(granularity)
+    if full_scale is None:
+        steps = np.ones(groups)
+        low = np.full(groups, -float(codes(adc_bits, window)) / 2)
+        code_min, code_max = window_for(low, -low, steps, adc_bits, window)
+        return LayerSteps(geometry, granularity, steps, code_min, code_max)
+    low, high = np.full(groups, -float(full_scale)), np.full(groups, float(full_scale))
+    return range_steps(low, high, geometry, granularity, adc_bits, window, step)
+
+
+def adc_table(steps: dict[str, LayerSteps]) -> pd.DataFrame:
+    """Every ADC as a table (the run's ``device/adc_steps.csv``): layer, granularity, the group's index, the
+    tile, cell slice and output column it stands for (empty where it spans them), its step, its window of
+    codes and the range of sums it reads without saturating (code_min · step .. code_max · step)."""
+    import pandas as pd
+
+    frames = []
+    for name, layer in steps.items():
+        index = layer.geometry.index_table(layer.granularity)
+        frames.append(
+            pd.DataFrame(
+                {
+                    "layer": name,
+                    "granularity": layer.granularity,
+                    "group": range(len(layer.steps)),
+                    **{key: pd.array(values, dtype="Int64") for key, values in index.items()},
+                    "adc_step": layer.steps,
+                    "code_min": layer.code_min,
+                    "code_max": layer.code_max,
+                    "range_low": layer.code_min * layer.steps,
+                    "range_high": layer.code_max * layer.steps,
+                }
+            )
+        )
+    return pd.concat(frames, ignore_index=True)
