@@ -200,6 +200,7 @@ def run(cfg: DictConfig, output_dir: Path, extra_tags: Mapping[str, str] | None 
                 result.reference.predictions,
                 perf_subset,
                 run_name,
+                made.adc_profiles,
             )
             log.info(
                 "%s: accuracy on device %s %.4f (reference %.4f; %d predictions differ)",

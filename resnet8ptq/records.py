@@ -113,6 +113,7 @@ class Quantization:
     result: QuantizedResult
     layer_errors: list[LayerError] | None = None  # computed once, after the evaluation's charts are drawn
     tags: dict[str, str] = field(default_factory=dict)  # what the checks read back (dtype.first_last)
+    adc_profiles: dict[tuple, Any] = field(default_factory=dict)  # by crossbar layout (device/evaluate.py)
 
 
 def unquantized(params: Mapping[str, Any], tags: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, str]]:

@@ -97,6 +97,8 @@ class CrossbarArithmetic(Arithmetic):
         self.profile = profile
         self._weights: dict[str, list[tuple[torch.Tensor, int]]] = {}
         self._generator = torch.Generator().manual_seed(seed)
+        self._tiled: dict[str, tuple[torch.Tensor, float]] = {}
+        self._adcs: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]] = {}
 
     def weight_slices(self, layer: Conv) -> list[tuple[torch.Tensor, int]]:
         """The layer's programmed cell columns (O, K) per weight slice with their significance: sign ·
@@ -129,60 +131,81 @@ class CrossbarArithmetic(Arithmetic):
         slices_ = len(self.weight_slices(layer))
         return Geometry(len(tile_sizes(layer.terms, self.crossbar.rows)), slices_, len(layer.weight))
 
+    def tiled_weights(self, layer: Conv) -> tuple[torch.Tensor, float]:
+        """Every (tile, weight slice) pair's cells as a convolution's weights (T·Sw·O, C, kh, kw), masked to
+        the tile's rows, in the exact type of the layer's partial sums (float32 while no partial sum can reach
+        2^24: the largest input digit times the largest column sum of cells), and that bound; made once."""
+        if layer.name not in self._tiled:
+            c = self.crossbar
+            in_bits, _ = value_bits(*input_range(layer))
+            cells = torch.stack([cell for cell, _ in self.weight_slices(layer)])
+            bounds = np.cumsum([0, *tile_sizes(layer.terms, c.rows)])
+            masks = torch.zeros((len(bounds) - 1, layer.terms), dtype=torch.float64)
+            for tile, (low, high) in enumerate(itertools.pairwise(bounds)):
+                masks[tile, low:high] = 1
+            stacked = (masks[:, None, None, :] * cells[None]).reshape(-1, *layer.weight.shape[1:])
+            largest = 2.0 ** min(c.dac_bits, in_bits) * float(stacked.abs().sum(dim=(1, 2, 3)).max())
+            dtype = torch.float32 if largest < EXACT_FLOAT32 else torch.float64
+            self._tiled[layer.name] = (stacked.to(dtype), largest)
+        return self._tiled[layer.name]
+
     def accumulate(self, layer: Conv, x: torch.Tensor) -> torch.Tensor:
         c = self.crossbar
         n, outputs = x.shape[0], len(layer.weight)
         in_bits, in_signed = value_bits(*input_range(layer))
         digits, x_shifts = zip(*slices(x, c.dac_bits, in_bits, in_signed), strict=True)
-        cells, w_shifts = zip(*self.weight_slices(layer), strict=True)
+        w_shifts = [shift for _, shift in self.weight_slices(layer)]
+        tiles = len(tile_sizes(layer.terms, c.rows))
         # One convolution gives every partial sum: the input slices stacked on the batch, and on the outputs
-        # every (tile, weight slice) pair as the weights masked to the tile's rows. Exact in float32 while no
-        # partial sum can reach 2^24 (the largest input digit times the largest column sum of cells).
-        sizes = tile_sizes(layer.terms, c.rows)
-        bounds = np.cumsum([0, *sizes])
-        masks = torch.zeros((len(sizes), layer.terms), dtype=torch.float64)
-        for tile, (low, high) in enumerate(itertools.pairwise(bounds)):
-            masks[tile, low:high] = 1
-        stacked = (masks[:, None, None, :] * torch.stack(cells)[None]).reshape(-1, *layer.weight.shape[1:])
-        largest = 2.0 ** min(c.dac_bits, in_bits) * float(stacked.abs().sum(dim=(1, 2, 3)).max())
-        dtype = torch.float32 if largest < EXACT_FLOAT32 else torch.float64
-        partial = float_conv(layer, torch.cat(digits), stacked.numpy(), dtype)  # (Sx·N, T·Sw·O, H', W')
+        # every (tile, weight slice) pair as the weights masked to the tile's rows.
+        weight, largest = self.tiled_weights(layer)
+        partial = float_conv(layer, torch.cat(digits), weight, weight.dtype)  # (Sx·N, T·Sw·O, H', W')
         if self.profile is not None:
-            self.profile.add(layer.name, Geometry(len(sizes), len(w_shifts), outputs), partial)
-        read = self.adc(layer, partial)  # integers times the step: exact in float32 for pow2 steps
-        read = read.reshape(len(x_shifts), n, len(sizes), len(w_shifts), outputs, *partial.shape[2:])
+            self.profile.add(layer.name, Geometry(tiles, len(w_shifts), outputs), partial)
+        read, reading_bound, integral = self.adc(layer, partial, largest)
+        read = read.reshape(len(x_shifts), n, tiles, len(w_shifts), outputs, *partial.shape[2:])
+        # The readings' sum is exact in float32 while integers stay below 2^24 (every order of summation).
+        bound = tiles * reading_bound * sum(2.0 ** (xs + ws) for xs in x_shifts for ws in w_shifts)
+        dtype = torch.float32 if integral and bound < EXACT_FLOAT32 else torch.float64
         if len(x_shifts) * len(w_shifts) == 1:
-            tiles = read[0, :, :, 0].to(torch.float64)  # (N, T, O, H', W')
-        else:  # shift and add the slices (powers of two: exact), summed in float64
+            columns = read[0, :, :, 0].to(dtype)  # (N, T, O, H', W')
+        else:  # shift and add the slices (powers of two: exact)
             significance = torch.tensor(
                 [[2.0 ** (xs + ws) for ws in w_shifts] for xs in x_shifts], dtype=read.dtype
             ).reshape(len(x_shifts), 1, 1, len(w_shifts), 1, 1, 1)
-            tiles = (read * significance).sum(dim=(0, 3), dtype=torch.float64)
+            columns = (read * significance).sum(dim=(0, 3), dtype=dtype)
         limit = 2 ** (c.accumulator_bits - 1)
-        acc = torch.zeros_like(tiles[:, 0])
-        for tile in range(len(sizes)):  # the digital accumulator adds the tiles one by one, saturating
-            acc = (acc + tiles[:, tile]).clamp_(-limit, limit - 1)
-        steps = self.adc_steps.get(layer.name)
-        if steps is not None and not steps.integral:
+        if bound < limit:  # the accumulator cannot saturate
+            acc = columns.sum(dim=1)
+        else:
+            acc = torch.zeros_like(columns[:, 0])
+            for tile in range(tiles):  # the digital accumulator adds the tiles one by one, saturating
+                acc = (acc + columns[:, tile]).clamp_(-limit, limit - 1)
+        if not integral:
             acc = torch.round(acc)  # fixed point (multiples of 2^-8) to the integer accumulator: half to even
         return acc
 
-    def adc(self, layer: Conv, partial: torch.Tensor) -> torch.Tensor:
-        """A partial sum as the ADC reads it: code = round(p / step), half to even, clamped to the ADC's
-        window of codes, times the step (an ideal ADC: rounded to an integer, which changes only noisy
-        sums)."""
+    def adc(self, layer: Conv, partial: torch.Tensor, largest: float) -> tuple[torch.Tensor, float, bool]:
+        """The partial sums as the ADC reads them (in place where it can), the largest |reading| and whether
+        every reading is an integer: code = round(p / step), half to even, clamped to the ADC's window of
+        codes, times the step. An ideal ADC rounds to an integer, which changes only noisy sums; its
+        readings stay within ``largest``."""
         if self.crossbar.adc_bits is None:
-            return torch.round(partial)
+            return partial.round_(), largest + 0.5, True
         adcs = self.adc_steps[layer.name]
-        dtype = partial.dtype if adcs.integral else torch.float64  # code · (M / 2^8): exact in float64
+        if layer.name not in self._adcs:
+            dtype = partial.dtype if adcs.integral else torch.float64  # code · (M / 2^8): exact in float64
 
-        def per_column(values: np.ndarray) -> torch.Tensor:
-            column = torch.from_numpy(adcs.per_column(values).astype(np.float64))
-            return column.to(dtype=dtype, device=partial.device).reshape(1, -1, 1, 1)
+            def per_column(values: np.ndarray) -> torch.Tensor:
+                column = torch.from_numpy(adcs.per_column(values).astype(np.float64))
+                return column.to(dtype=dtype, device=partial.device).reshape(1, -1, 1, 1)
 
-        step = per_column(adcs.steps)
-        code = torch.round(partial.to(dtype) / step)
-        return torch.clamp(code, per_column(adcs.code_min), per_column(adcs.code_max)) * step
+            bound = float(np.max(np.maximum(np.abs(adcs.code_min), np.abs(adcs.code_max)) * adcs.steps))
+            self._adcs[layer.name] = (per_column(adcs.steps), per_column(adcs.code_min),
+                                      per_column(adcs.code_max), bound)  # fmt: skip
+        step, low, high, bound = self._adcs[layer.name]
+        code = partial.to(step.dtype).div_(step).round_()
+        return code.clamp_(low, high).mul_(step), bound, adcs.integral
 
 
 def input_range(layer: Conv) -> tuple[int, int]:

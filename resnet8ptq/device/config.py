@@ -19,7 +19,7 @@ WINDOWS = ("symmetric", "asymmetric")
 
 
 RANGE_LABELS = {"max": "max", "percentile": "p{p:g}", "mse": "mse", "worst_case": "wc", "granular": "gran"}
-"""How a run's name shows the ADC range rule (``cim-r128-adc4-p99.99-column-free``)."""
+"""How a run's name shows an ADC range rule other than the default (``cim-r128-adc4-max-layer-sym``)."""
 
 
 @dataclass
@@ -29,11 +29,11 @@ class Crossbar:
 
     rows: int | None = None  # crossbar rows per tile (aihwkit: mapping.max_input_size); null: one tile
     adc_bits: int | None = None  # ADC resolution per partial sum (aihwkit: forward.out_res); null: ideal
-    adc_range: str = "max"  # the ADC's full scale: max | percentile | mse | worst_case | granular (adc.py)
+    adc_range: str = "mse"  # the ADC's full scale: max | percentile | mse | worst_case | granular (adc.py)
     adc_percentile: float = 99.99  # adc_range=percentile: of |partial sum| (CrossSim's default)
-    adc_granularity: str = "layer"  # one ADC range per layer | tile | column
+    adc_granularity: str = "column"  # one ADC range per layer | tile | column
     adc_step: str = "pow2"  # the ADC step: pow2 (the digital side shifts) | free (a fixed-point multiplier)
-    adc_window: str = "symmetric"  # ADC codes: symmetric (±(2^(b-1) - 1)) | asymmetric (2^b over the range)
+    adc_window: str = "asymmetric"  # ADC codes: symmetric (±(2^(b-1) - 1)) | asymmetric (2^b over the range)
     dac_bits: int = 8  # input bits per cycle (aihwkit: forward.inp_res); 8: the whole input at once
     bits_per_cell: int = 8  # levels of one memory cell, in bits
     cells_per_weight: int = 1  # cells a weight's magnitude is sliced over
@@ -149,11 +149,12 @@ class DeviceConfig(Crossbar):
         parts += [f"r{self.rows}"] if self.rows is not None else []
         parts += [f"adc{self.adc_bits}"] if self.adc_bits is not None else []
         if self.adc_bits is not None:
+            defaults = {item.name: item.default for item in fields(Crossbar)}
             rule = RANGE_LABELS[self.range_rule].format(p=self.adc_percentile)
-            parts += [rule] if self.range_rule != "max" else []
-            parts += [self.adc_granularity] if self.adc_granularity != "layer" else []
-            parts += ["free"] if self.adc_step != "pow2" else []
-            parts += ["asym"] if self.adc_window != "symmetric" else []
+            parts += [rule] if self.range_rule != defaults["adc_range"] else []
+            parts += [self.adc_granularity] if self.adc_granularity != defaults["adc_granularity"] else []
+            parts += ["free"] if self.adc_step != defaults["adc_step"] else []
+            parts += ["sym"] if self.adc_window != defaults["adc_window"] else []
         parts += [f"dac{self.dac_bits}"] if self.dac_bits != 8 else []
         parts += (
             [f"c{self.bits_per_cell}x{self.cells_per_weight}"]

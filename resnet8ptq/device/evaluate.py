@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field
 
 import numpy as np
 from tqdm import tqdm
@@ -75,12 +75,16 @@ def seed_interval(accuracies: list[float], confidence: float = 0.95) -> tuple[fl
 
 
 def adc_steps(
-    model: IntegerModel, device: DeviceConfig, calibration_images: np.ndarray
+    model: IntegerModel,
+    device: DeviceConfig,
+    calibration_images: np.ndarray,
+    profiles: dict[tuple, PartialSumProfile] | None = None,
 ) -> dict[str, LayerSteps]:
     """Each layer's ADC steps (:mod:`resnet8ptq.device.adc`): from the partial sums of the ideal crossbar (the
     same tiles and slices, exact ADC, no noise) on the calibration images (``max``, ``percentile``, ``mse``),
     from the tile's largest possible sum (``worst_case``) or one unit (``granular``). Empty for an ideal
-    ADC."""
+    ADC. ``profiles`` keeps the profile of each crossbar layout for the next device run of the same model and
+    calibration images (a sweep over ADC settings profiles once per layout)."""
     crossbar = device.crossbar()
     if crossbar.adc_bits is None:
         return {}
@@ -101,9 +105,14 @@ def adc_steps(
         }
     if len(calibration_images) == 0:
         raise ValueError(f"device.adc_range={rule} sets the ADC ranges from calibration images; none given.")
-    profile = PartialSumProfile()
-    execute(model, calibration_images, CrossbarArithmetic(crossbar.ideal(), profile=profile),
-            batch_size=device.images_per_step)  # fmt: skip
+    profiles = {} if profiles is None else profiles
+    layout = astuple(crossbar.ideal())
+    if layout not in profiles:
+        profile = PartialSumProfile()
+        execute(model, calibration_images, CrossbarArithmetic(crossbar.ideal(), profile=profile),
+                batch_size=device.images_per_step)  # fmt: skip
+        profiles[layout] = profile
+    profile = profiles[layout]
     return calibrated_steps(profile, bits, rule, granularity, window, step, crossbar.adc_percentile)
 
 
@@ -143,10 +152,12 @@ def evaluate_device(
     reference_predictions: np.ndarray,
     perf_subset: np.ndarray,
     name: str,
+    adc_profiles: dict[tuple, PartialSumProfile] | None = None,
 ) -> DeviceResult:
-    """Run ``model`` on ``device`` over every test image, once per noise draw (seeds 0, 1, ...)."""
+    """Run ``model`` on ``device`` over every test image, once per noise draw (seeds 0, 1, ...); the ADC
+    ranges from the calibration images' partial sums (``adc_profiles``: :func:`adc_steps`)."""
     start = time.perf_counter()
-    steps = adc_steps(model, device, calibration_images)
+    steps = adc_steps(model, device, calibration_images, adc_profiles)
     accuracies, subset, first = [], [], None
     with tqdm(total=len(images) * device.seeds, desc=f"Device {name}", unit="img", leave=False) as bar:
         for seed in range(device.seeds):

@@ -46,12 +46,16 @@ def exact_dtype(weight: np.ndarray, input_bound: int, extra: int = 0) -> torch.d
     return torch.float32 if largest + extra < EXACT_FLOAT32 else torch.float64
 
 
-def float_conv(layer: Conv, x: torch.Tensor, weight: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+def float_conv(
+    layer: Conv, x: torch.Tensor, weight: np.ndarray | torch.Tensor, dtype: torch.dtype
+) -> torch.Tensor:
     """The integer convolution of ``x`` (centred) with integer ``weight`` (O, I, kh, kw), in ``dtype`` (exact:
     :func:`exact_dtype`); zero padding, as the centred input's zero point is 0."""
     top, bottom, left, right = layer.padding
     padded = F.pad(x.to(dtype), (left, right, top, bottom))
-    return F.conv2d(padded, torch.from_numpy(np.ascontiguousarray(weight)).to(dtype), stride=layer.stride)
+    if isinstance(weight, np.ndarray):
+        weight = torch.from_numpy(np.ascontiguousarray(weight))
+    return F.conv2d(padded, weight.to(dtype), stride=layer.stride)
 
 
 def input_bound(layer: Conv) -> int:

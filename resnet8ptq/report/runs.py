@@ -16,7 +16,7 @@ from resnet8ptq.errors import ReportError
 from resnet8ptq.hardware import Hardware
 from resnet8ptq.records import REFERENCE_TAG
 from resnet8ptq.statistics import accuracy_interval
-from resnet8ptq.tracking.identity import config_hash
+from resnet8ptq.tracking.identity import ADDED_DEFAULTS, config_hash
 from resnet8ptq.tracking.search import where
 
 CLASS_METRIC = "class_acc/"
@@ -188,7 +188,7 @@ read from the :class:`~resnet8ptq.device.config.Crossbar` dataclass, so a new se
 def device_columns(tags: dict[str, str]) -> dict[str, object]:
     """A run's device: ``device`` (its run-name label, e.g. ``cim-r64-adc4``; empty without a device), the
     quantization's hash without it (``quantization_hash``: device runs of one model share it) and every
-    crossbar setting as a number (NaN where ideal/unset)."""
+    crossbar setting (a number or a choice; NaN where ideal/unset)."""
     kind = tags.get("device.kind", "none")
     columns: dict[str, object] = {"device": "", **{f"device_{name}": np.nan for name in DEVICE_SETTINGS}}
     columns["device_worst_layer"] = tags.get("device.worst_layer", "")
@@ -196,16 +196,17 @@ def device_columns(tags: dict[str, str]) -> dict[str, object]:
         return columns
     settings = {name: tags[f"device.{name}"] for name in DEVICE_SETTINGS if f"device.{name}" in tags}
     typed = {name: _setting(value) for name, value in settings.items()}
+    if kind == "cim":  # a setting a run has no tag of came later: it ran at the earlier value (identity.py)
+        typed = {name: _setting(ADDED_DEFAULTS[f"device.{name}"]) for name in DEVICE_SETTINGS} | typed
     columns["device"] = DeviceConfig(kind=kind, **typed).label
-    defaults = {item.name: item.default for item in fields(Crossbar)}  # a setting added later: its default
-    columns |= {f"device_{name}": typed.get(name, defaults[name]) for name in DEVICE_SETTINGS}
+    columns |= {f"device_{name}": typed[name] for name in typed}
     columns |= {name: np.nan for name, value in columns.items() if value is None}
     return columns
 
 
 def _setting(value: str) -> object:
     """A ``device.*`` tag's value as the config held it."""
-    if value in ("none", "null"):
+    if value in ("none", "null", "None"):
         return None
     for cast in (int, float):
         try:

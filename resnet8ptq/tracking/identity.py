@@ -59,6 +59,10 @@ ADDED_DEFAULTS = {
         for item in fields(DeviceConfig)
         if f"device.{item.name}" not in NOT_RESULT
     },
+    # The ADC's range rule before the calibrated rules came (issue 41): the largest sum, per layer, symmetric.
+    "device.adc_range": "max",
+    "device.adc_granularity": "layer",
+    "device.adc_window": "symmetric",
 }
 """Settings added after runs were tracked, at the value that gives the earlier result: left out of the hash
 at that value, so the earlier runs keep their config_hash and resumed sweeps still find them. The algorithms'

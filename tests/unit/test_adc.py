@@ -168,7 +168,9 @@ def test_a_column_range_reads_each_column_in_its_own_steps() -> None:
         crossbar, adc_steps={"conv": LayerSteps.symmetric(geometry, "column", steps, 5)}
     )
     partial = torch.arange(-200.0, 200.0).reshape(1, 1, -1, 1).expand(1, geometry.columns, -1, 1)
-    codes = read.adc(layer, partial) / torch.from_numpy(steps).reshape(1, -1, 1, 1).float()
+    reading, _, integral = read.adc(layer, partial.clone(), largest=200.0)
+    codes = reading / torch.from_numpy(steps).reshape(1, -1, 1, 1).float()
+    assert integral
     assert torch.equal(codes, torch.round(codes)) and codes.abs().max() == adc_top(5)
     assert read.accumulate(layer, x).shape == Ideal().accumulate(layer, x).shape
 
@@ -220,25 +222,29 @@ def test_bad_adc_settings_fail_with_the_setting_named(settings: dict, message: s
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(".", r"\.")):
         DeviceConfig(kind="cim", adc_bits=4, **settings)
     with pytest.raises(ValueError, match="with device=integer"):
-        DeviceConfig(kind="integer", adc_granularity="column")
+        DeviceConfig(kind="integer", adc_granularity="layer")
 
 
 def test_calibrated_is_max_under_its_old_name() -> None:
     """The earlier name of the max rule runs as max and keeps the earlier runs' config_hash."""
     assert DeviceConfig(kind="cim", adc_bits=4, adc_range="calibrated").range_rule == "max"
-    base = {"device": "cim", "device.kind": "cim", "device.adc_bits": 4}
+    base = {"device": "cim", "device.kind": "cim", "device.adc_bits": 4, "device.adc_granularity": "layer",
+            "device.adc_window": "symmetric"}  # fmt: skip
     hashes = {config_hash(base | extra, {}) for extra in ({}, {"device.adc_range": "calibrated"},
                                                           {"device.adc_range": "max"})}  # fmt: skip
     assert len(hashes) == 1
     assert config_hash(base | {"device.adc_range": "mse"}, {}) not in hashes
 
 
-def test_labels_name_the_adc_range() -> None:
-    assert DeviceConfig(kind="cim", rows=128, adc_bits=4, adc_range="calibrated").label == "cim-r128-adc4"
+def test_labels_name_the_adc_range_when_not_the_default() -> None:
+    """The default ADC (mse, per column, asymmetric, power-of-two steps) is unnamed; others are named."""
+    assert DeviceConfig(kind="cim", rows=128, adc_bits=4).label == "cim-r128-adc4"
+    old = DeviceConfig(kind="cim", rows=128, adc_bits=4, adc_range="calibrated", adc_granularity="layer",
+                       adc_window="symmetric")  # fmt: skip
+    assert old.label == "cim-r128-adc4-max-layer-sym"
     label = DeviceConfig(
-        kind="cim", rows=128, adc_bits=4, adc_range="percentile", adc_percentile=99.9,
-        adc_granularity="column",
-        adc_step="free", adc_window="asymmetric",
+        kind="cim", rows=128, adc_bits=4, adc_range="percentile", adc_percentile=99.9, adc_granularity="tile",
+        adc_step="free",
     ).label  # fmt: skip
-    assert label == "cim-r128-adc4-p99.9-column-free-asym"
+    assert label == "cim-r128-adc4-p99.9-tile-free"
     assert DeviceConfig(kind="cim", rows=64, adc_bits=6, adc_range="worst_case").label == "cim-r64-adc6-wc"

@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
+from resnet8ptq.device.config import DeviceConfig
 from resnet8ptq.report import writer as report
+from resnet8ptq.report.runs import device_columns
 from tests.unit.test_report import AVX2, _log, _metrics, _run
 
 GRID = {(64, 4): 0.20, (64, 8): 0.86, (128, 4): 0.12, (128, 8): 0.85, (256, 4): 0.10, (256, 8): 0.80}
@@ -16,9 +18,23 @@ NOISE = {0.0: (0.868, 0.0), 0.02: (0.70, 0.01), 0.05: (0.30, 0.03)}
 
 
 def device_tags(**settings: object) -> dict[str, str]:
-    defaults = {"rows": "none", "adc_bits": "none", "adc_range": "calibrated", "dac_bits": 8}
-    defaults |= {"bits_per_cell": 8, "cells_per_weight": 1, "weight_noise": 0.0, "accumulator_bits": 32}
-    return {"device.kind": "cim", **{f"device.{k}": str(v) for k, v in (defaults | settings).items()}}
+    """The tags a crossbar run logs today."""
+    return DeviceConfig(kind="cim", **settings).tags()
+
+
+def test_a_run_from_before_the_adc_rules_reads_as_max_per_layer() -> None:
+    """Runs logged before issue 41 have `device.adc_range=calibrated` and no granularity or window tag: they
+    ran the max rule per layer with a symmetric window, and their label says so."""
+    old = {
+        "device.kind": "cim",
+        "device.rows": "128",
+        "device.adc_bits": "4",
+        "device.adc_range": "calibrated",
+    }
+    columns = device_columns(old)
+    assert columns["device"] == "cim-r128-adc4-max-layer-sym"
+    assert (columns["device_adc_granularity"], columns["device_adc_window"]) == ("layer", "symmetric")
+    assert device_columns(device_tags(rows=128, adc_bits=4))["device"] == "cim-r128-adc4"
 
 
 @pytest.fixture(scope="module")
