@@ -1,6 +1,9 @@
-"""The device model's speed as ratios on this machine: the integer executor (device=integer) and a crossbar
-over the 10,000 test images against ONNX Runtime's reference pass (graph optimisations off) of the same QDQ
-model, and a noisy crossbar over 5 noise draws. Rounds are interleaved; the medians are printed.
+"""The device model's speed as ratios on this machine, per test image: the integer executor (device=integer),
+crossbars (128 rows with a calibrated 4-bit ADC; bit-serial 1-bit inputs with an 8-bit weight in two
+4-bit cells, on the first 1,000 images; a noisy crossbar over 5 noise draws) against the integer executor
+(issue 41's targets: the 4-bit crossbar at most 1.5x, the bit-serial one at most 8x) and against ONNX
+Runtime's reference pass (graph optimisations off) of the same QDQ model. The ADC ranges are calibrated
+before the timing. Rounds are interleaved; the medians are printed.
 
 Usage: RESNET8PTQ_ASSETS=../shared python bench/device.py [--rounds 3]
 """
@@ -15,7 +18,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 import onnxruntime as ort
 
 REPO = Path(__file__).resolve().parents[1]
@@ -26,7 +28,7 @@ from resnet8ptq.backends.onnx.integer import integer_model  # noqa: E402
 from resnet8ptq.calibration import CalibConfig  # noqa: E402
 from resnet8ptq.data import calibration_set, load_cifar10, to_model_input  # noqa: E402
 from resnet8ptq.device.config import DeviceConfig  # noqa: E402
-from resnet8ptq.device.evaluate import arithmetic  # noqa: E402
+from resnet8ptq.device.evaluate import adc_steps, arithmetic  # noqa: E402
 from resnet8ptq.device.executor import execute  # noqa: E402
 from resnet8ptq.dtype import DtypeConfig  # noqa: E402
 from resnet8ptq.hardware import detect  # noqa: E402
@@ -34,10 +36,15 @@ from resnet8ptq.model import MODEL_SHA256, canonical_onnx, resolve_h5  # noqa: E
 from resnet8ptq.spec import QuantSpec  # noqa: E402
 
 DEVICES = {
-    "integer": DeviceConfig(kind="integer"),
-    "cim rows=128 adc=6": DeviceConfig(kind="cim", rows=128, adc_bits=6, adc_range="worst_case"),
-    "cim noise 0.02 x5 draws": DeviceConfig(kind="cim", weight_noise=0.02, noise_seeds=5),
+    "integer": (DeviceConfig(kind="integer"), 10_000),
+    "cim rows=128 adc=4": (DeviceConfig(kind="cim", rows=128, adc_bits=4), 10_000),
+    "cim rows=128 adc=8 dac=1 4x2": (
+        DeviceConfig(kind="cim", rows=128, adc_bits=8, dac_bits=1, bits_per_cell=4, cells_per_weight=2),
+        1_000,
+    ),
+    "cim noise 0.02 x5 draws": (DeviceConfig(kind="cim", weight_noise=0.02, noise_seeds=5), 10_000),
 }
+"""Each device and the test images it is timed on."""
 
 
 def main() -> None:
@@ -61,37 +68,29 @@ def main() -> None:
         session = ort.InferenceSession(str(quantized.path), options)
         name = session.get_inputs()[0].name
         model = integer_model(quantized.path)
+        steps = {key: adc_steps(model, device, calibration) for key, (device, _) in DEVICES.items()}
         seconds: dict[str, list[float]] = {"ORT reference": [], **{key: [] for key in DEVICES}}
         for _ in range(args.rounds):
             start = time.perf_counter()
             for i in range(0, len(images), 500):
                 session.run(None, {name: images[i : i + 500]})
-            seconds["ORT reference"].append(time.perf_counter() - start)
-            for key, device in DEVICES.items():
+            seconds["ORT reference"].append((time.perf_counter() - start) / len(images))
+            for key, (device, count) in DEVICES.items():
                 start = time.perf_counter()
                 for seed in range(device.seeds):
                     execute(
-                        model,
-                        images,
-                        arithmetic(device, seed, _steps(model, device)),
-                        device.images_per_step,
+                        model, images[:count], arithmetic(device, seed, steps[key]), device.images_per_step
                     )
-                seconds[key].append(time.perf_counter() - start)
-    base = statistics.median(seconds["ORT reference"])
+                seconds[key].append((time.perf_counter() - start) / count)
+    base, integer = statistics.median(seconds["ORT reference"]), statistics.median(seconds["integer"])
     cpu = detect().tags()["hardware.cpu"]
-    print(f"# {cpu}, {os.cpu_count()} cores; 10,000 images; medians of {args.rounds} rounds")
+    print(f"# {cpu}, {os.cpu_count()} cores; ms per test image, medians of {args.rounds} rounds")
     for key, values in seconds.items():
         median = statistics.median(values)
         print(
-            f"{key:28s} {median:7.1f} s  {median / base:5.2f}x ORT reference  (rounds: {np.round(values, 1)})"
+            f"{key:30s} {1e3 * median:7.2f} ms  {median / integer:5.2f}x integer executor  "
+            f"{median / base:5.2f}x ORT reference"
         )
-
-
-def _steps(model, device: DeviceConfig) -> dict:
-    """worst-case ADC steps (no calibration pass: the bench times the evaluation)."""
-    from resnet8ptq.device.evaluate import adc_steps
-
-    return adc_steps(model, device, np.empty((0, 32, 32, 3), np.float32))
 
 
 if __name__ == "__main__":

@@ -275,13 +275,13 @@ def least_error(
     span = max(high - low, 1.0) if window == "asymmetric" else 2 * max(abs(low), abs(high), 0.5)
     widest = max(span / k, 1.0)
     if step == "pow2":
-        candidates = np.exp2(np.arange(0, np.ceil(np.log2(widest) - 1e-12) + 1))
-        return min((error.at(s, low, high) for s in candidates), key=lambda found: found[0])[1:]
+        return error.best(np.exp2(np.arange(0, np.ceil(np.log2(widest) - 1e-12) + 1)), low, high)[1:]
     octaves = np.log2(widest)
 
     def search(exponents: np.ndarray) -> tuple[float, float, int]:
-        steps = np.unique(cover(widest * np.exp2(-exponents) * k, adc_bits, window, "free"))
-        return min((error.at(s, low, high) for s in steps), key=lambda found: found[0])
+        return error.best(
+            np.unique(cover(widest * np.exp2(-exponents) * k, adc_bits, window, "free")), low, high
+        )
 
     coarse = search(np.arange(0, np.floor(octaves * 4) + 1) / 4)
     centre = np.log2(widest / coarse[1])
@@ -297,6 +297,8 @@ class AdcError:
     summed cumulatively, so every window position costs two look-ups; clipping beyond the window is
     Σ n (v - edge)², from cumulative sums of n, n·v and n·v²."""
 
+    POSITIONS = 65  # window positions tried per step (asymmetric)
+
     def __init__(self, counts: np.ndarray, adc_bits: int, window: str) -> None:
         edge_low, edge_high = signed_edges()
         used = counts > 0
@@ -308,26 +310,31 @@ class AdcError:
         )
         self.adc_bits, self.window = adc_bits, window
 
-    def at(self, s: float, low: float, high: float) -> tuple[float, float, int]:
-        """(least error, step, first code) at step ``s`` over the window positions."""
+    def at(self, step: float, low: float, high: float) -> tuple[float, float, int]:
+        """(least error, step, first code) at ``step`` over the window positions."""
+        return self.best(np.array([float(step)]), low, high)
+
+    def best(self, steps: np.ndarray, low: float, high: float) -> tuple[float, float, int]:
+        """(least error, its step, its first code) over ``steps`` and the window positions."""
         v, n, s0, s1, s2 = self.v, self.n, self.s0, self.s1, self.s2
         k = codes(self.adc_bits, self.window)
-        rounding = np.where(4 * self.w > s, s * s / 12, (v - np.round(v / s) * s) ** 2)
-        r = np.concatenate([[0.0], np.cumsum(n * rounding)])
+        s = np.asarray(steps, np.float64)[:, None]
+        rounding = np.where(4 * self.w[None, :] > s, s * s / 12, (v - np.round(v / s) * s) ** 2)
+        r = np.concatenate([np.zeros((len(s), 1)), np.cumsum(n * rounding, axis=1)], axis=1)
         if self.window == "symmetric":
-            firsts = np.array([-adc_top(self.adc_bits)])
+            firsts = np.full((len(s), 1), -adc_top(self.adc_bits), dtype=np.float64)
         else:
             lowest, highest = np.floor(low / s), np.ceil(high / s) - k
-            spread = np.linspace(min(lowest, highest), max(lowest, highest), 65)
-            firsts = np.unique(np.round(spread)).astype(np.int64)
+            fraction = np.linspace(0.0, 1.0, self.POSITIONS)[None, :]
+            firsts = np.round(np.minimum(lowest, highest) + fraction * np.abs(highest - lowest))
         bottom, top = firsts * s, (firsts + k) * s
         i = np.searchsorted(v, bottom, side="left")  # bins below the window: read as its bottom
         j = np.searchsorted(v, top, side="right")  # bins above the window: read as its top
         below = s2[i] - 2 * bottom * s1[i] + bottom**2 * s0[i]
         above = (s2[-1] - s2[j]) - 2 * top * (s1[-1] - s1[j]) + top**2 * (s0[-1] - s0[j])
-        error = below + above + (r[j] - r[i])
-        at = int(error.argmin())
-        return float(error[at]), float(s), int(firsts[at])
+        error = below + above + np.take_along_axis(r, j, 1) - np.take_along_axis(r, i, 1)
+        at = np.unravel_index(int(error.argmin()), error.shape)
+        return float(error[at]), float(s[at[0], 0]), int(firsts[at])
 
 
 def calibrated_steps(

@@ -1,14 +1,27 @@
-"""A crossbar sweep on the real model (issue 22): one quantization, several devices; the ADC's bits decide the
-device's accuracy. Its own module, so that it runs in another xdist worker than the shared sweep."""
+"""A crossbar sweep on the real model (issues 22, 41): one quantization, two ADC range rules; a 4-bit ADC
+calibrated for least error per column keeps the accuracy that covering the largest sum loses, and its ranges
+are logged per column. An ideal crossbar (tiles, bit-serial inputs, sliced weights, no ADC) predicts exactly
+as the integer device. Its own module, so that it runs in another xdist worker than the shared sweep."""
 
 from __future__ import annotations
 
 import shutil
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
 import pytest
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
+
+from resnet8ptq.backends.onnx.backend import OnnxRuntimeBackend
+from resnet8ptq.backends.onnx.integer import integer_model
+from resnet8ptq.calibration import CalibConfig
+from resnet8ptq.device.cim import CrossbarArithmetic
+from resnet8ptq.device.config import Crossbar
+from resnet8ptq.device.executor import execute
+from resnet8ptq.dtype import DtypeConfig
+from resnet8ptq.spec import QuantSpec
 
 CIM_SWEEP = (
     "-m",
@@ -17,14 +30,21 @@ CIM_SWEEP = (
     "per_channel=true",
     "device=cim",
     "device.rows=128",
-    "device.adc_bits=4,8",
+    "device.adc_bits=4",
+    "device.adc_range=max,mse",
     "layer_analysis=false",
     "mlflow.log_models=false",
 )
+TARGET_4_BITS = 0.80
+"""Issue 41's target for a 4-bit ADC at 128 rows on the full test set (measured 82.21 % on an Intel Xeon)."""
+COLUMNS = 16 + 2 * 16 * 2 + 2 * 32 + 32 * 3 + 32 + 64 * 3 + 64 * 5 + 64 + 10
+"""ADC columns of ResNet8 at 128 rows (tiles × outputs per conv/dense layer, one cell per weight)."""
 
 
 @pytest.fixture(scope="module")
-def cim_runs(run_cli, initialised_store: Path, tmp_path_factory: pytest.TempPathFactory) -> list[Run]:
+def cim_runs(
+    run_cli, initialised_store: Path, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Path, list[Run]]:
     workdir = tmp_path_factory.mktemp("cim")
     shutil.copy(initialised_store, workdir / "mlflow.db")
     result = run_cli(workdir, *CIM_SWEEP)
@@ -34,12 +54,15 @@ def cim_runs(run_cli, initialised_store: Path, tmp_path_factory: pytest.TempPath
     runs = client.search_runs(
         [experiment.experiment_id], "tags.quantized = 'true'", order_by=["attributes.start_time ASC"]
     )
-    return runs
+    return workdir, runs
 
 
-def test_a_device_sweep_quantizes_once(cim_runs: list[Run]) -> None:
-    first, second = cim_runs
-    assert [r.data.tags["device.adc_bits"] for r in cim_runs] == ["4", "8"]
+def test_a_device_sweep_quantizes_once(cim_runs: tuple[Path, list[Run]]) -> None:
+    _, (first, second) = cim_runs
+    assert [r.data.tags["device.adc_range"] for r in (first, second)] == ["max", "mse"]
+    assert first.info.run_name.endswith("-cim-r128-adc4-max") and second.info.run_name.endswith(
+        "-cim-r128-adc4"
+    )
     assert second.data.tags["device.quantization_run"] == first.info.run_name
     assert "device.quantization_run" not in first.data.tags
     for key in ("quantize_seconds", "calib_seconds", "accuracy"):
@@ -47,8 +70,44 @@ def test_a_device_sweep_quantizes_once(cim_runs: list[Run]) -> None:
     assert first.data.tags["config_hash"] != second.data.tags["config_hash"]
 
 
-def test_adc_bits_decide_the_device_accuracy(cim_runs: list[Run]) -> None:
-    """A 4-bit ADC over 128-row partial sums loses most of the accuracy; 8 bits keep it within 2 points."""
-    coarse, fine = (r.data.metrics for r in cim_runs)
-    assert coarse["accuracy_device"] < fine["accuracy_device"] - 0.1
-    assert fine["accuracy_device"] > fine["accuracy"] - 0.02
+def test_a_4_bit_adc_calibrated_for_least_error_keeps_the_accuracy(cim_runs: tuple[Path, list[Run]]) -> None:
+    """Covering the largest partial sum leaves typical sums a few codes; the least-error range per column
+    clips the rare large sums and meets the target on the full test set."""
+    _, (largest, least_error) = cim_runs
+    assert least_error.data.metrics["accuracy_device"] >= TARGET_4_BITS
+    assert largest.data.metrics["accuracy_device"] < least_error.data.metrics["accuracy_device"] - 0.1
+
+
+def test_the_adc_ranges_are_logged_per_column(cim_runs: tuple[Path, list[Run]], tmp_path: Path) -> None:
+    workdir, (_, run) = cim_runs
+    client = MlflowClient(f"sqlite:///{workdir / 'mlflow.db'}")
+    table = pd.read_csv(client.download_artifacts(run.info.run_id, "device/adc_steps.csv", str(tmp_path)))
+    assert len(table) == COLUMNS and set(table["granularity"]) == {"column"}
+    assert (table["code_max"] - table["code_min"] == 15).all()  # a 4-bit ADC's 16 codes
+    steps = table["adc_step"].to_numpy()
+    assert np.all(steps >= 1) and np.all(np.log2(steps) == np.round(np.log2(steps)))  # powers of two
+    assert (table["range_low"] == table["code_min"] * table["adc_step"]).all()
+    last = table[table["layer"] == table["layer"].iloc[-1]]
+    assert list(last["column"]) == list(range(10)) and set(last["tile"]) == {0}  # the dense layer: 10 outputs
+
+
+@pytest.mark.parametrize(
+    "crossbar",
+    [Crossbar(rows=128), Crossbar(rows=64, dac_bits=2, bits_per_cell=4, cells_per_weight=2)],
+    ids=["tiles", "bit-serial-sliced"],
+)
+def test_an_ideal_crossbar_predicts_as_the_integer_device(
+    crossbar: Crossbar, canonical_model, data, tmp_path: Path
+) -> None:
+    """Every effect off (no ADC, no noise): the crossbar's logits equal the integer device's, image for image
+    (the whole test set for tiles; 1,000 images bit-serially, where each image costs 8 slice pairs)."""
+    calibration, images, _ = data
+    spec = QuantSpec(DtypeConfig("int8", "int8"), CalibConfig("minmax"), per_channel=True)
+    quantized = OnnxRuntimeBackend(native=False).quantize(
+        canonical_model.onnx_path, calibration, spec, tmp_path
+    )
+    model = integer_model(quantized.path)
+    images = images if crossbar.dac_bits == 8 else images[:1000]
+    ideal, _ = execute(model, images)
+    on_crossbar, _ = execute(model, images, CrossbarArithmetic(crossbar), batch_size=100)
+    assert np.array_equal(on_crossbar, ideal)
