@@ -111,8 +111,12 @@ def test_unreachable_tracking_server_fails_fast(run_cli, tmp_path: Path) -> None
             ("device=cim", "device.bits_per_cell=2", "device.cells_per_weight=3"),
             "ConfigError: device.bits_per_cell=2 x device.cells_per_weight=3 hold 6 magnitude bits",
         ),
+        (
+            ("device=cim", "device.adc_bits=4", "device.adc_range=percentile", "device.adc_percentile=150"),
+            "ConfigError: device.adc_percentile=150.0: expected a percentile in (0, 100].",
+        ),
     ],
-    ids=["calibration", "device-rows", "device-option-without-device", "device-cells"],
+    ids=["calibration", "device-rows", "device-option-without-device", "device-cells", "adc-percentile"],
 )
 def test_bad_value_fails_before_the_run(
     run_cli, workdir: Path, overrides: tuple[str, ...], message: str
