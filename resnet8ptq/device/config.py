@@ -5,7 +5,7 @@ the desktop runtimes. ``none`` (default: nothing is computed), ``integer`` (the 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 
 KINDS = ("none", "integer", "cim")
 RANGES = ("max", "percentile", "mse", "worst_case", "granular")  # the ADC range rules (device/adc.py)
@@ -18,6 +18,9 @@ STEPS = ("pow2", "free")
 WINDOWS = ("symmetric", "asymmetric")
 
 
+LAYOUT = ("rows", "dac_bits", "bits_per_cell", "cells_per_weight")
+"""The settings that decide how a layer's dot product is cut into partial sums (tiles, input and weight
+slices): what the ADC calibration depends on."""
 RANGE_LABELS = {"max": "max", "percentile": "p{p:g}", "mse": "mse", "worst_case": "wc", "granular": "gran"}
 """How a run's name shows an ADC range rule other than the default (``cim-r128-adc4-max-layer-sym``)."""
 
@@ -41,10 +44,10 @@ class Crossbar:
     accumulator_bits: int = 32  # the digital accumulator adding the tiles (saturating)
 
     def ideal(self) -> Crossbar:
-        """The same tiles and slices with an exact ADC and no noise: the crossbar the ADC ranges are
-        calibrated on (a new non-ideality is switched off here, once)."""
-        plain = Crossbar(**{item.name: getattr(self, item.name) for item in fields(Crossbar)})
-        return replace(plain, adc_bits=None, weight_noise=0.0)
+        """The same tiles and slices (:data:`LAYOUT`), every other setting at its ideal default (exact ADC, no
+        noise): the crossbar the ADC ranges are calibrated on. A new non-ideality, ideal by default, is off
+        here without an edit; calibrations of crossbars with the same layout are the same."""
+        return Crossbar(**{name: getattr(self, name) for name in LAYOUT})
 
 
 @dataclass

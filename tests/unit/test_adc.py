@@ -248,3 +248,15 @@ def test_labels_name_the_adc_range_when_not_the_default() -> None:
     ).label  # fmt: skip
     assert label == "cim-r128-adc4-p99.9-tile-free"
     assert DeviceConfig(kind="cim", rows=64, adc_bits=6, adc_range="worst_case").label == "cim-r64-adc6-wc"
+
+
+def test_the_calibration_crossbar_keeps_the_layout_and_nothing_else() -> None:
+    """Calibration runs on the same tiles and slices with an exact ADC and no noise; crossbars that differ
+    only in their ADC or noise calibrate on the same ideal crossbar (one profile in a sweep)."""
+    noisy = Crossbar(rows=64, adc_bits=4, adc_range="max", dac_bits=2, bits_per_cell=4, cells_per_weight=2,
+                     weight_noise=0.05, accumulator_bits=20)  # fmt: skip
+    ideal = noisy.ideal()
+    assert (ideal.rows, ideal.dac_bits, ideal.bits_per_cell, ideal.cells_per_weight) == (64, 2, 4, 2)
+    assert (ideal.adc_bits, ideal.weight_noise, ideal.accumulator_bits) == (None, 0.0, 32)
+    assert Crossbar(rows=64, adc_bits=6, adc_granularity="layer", dac_bits=2, bits_per_cell=4,
+                    cells_per_weight=2).ideal() == ideal  # fmt: skip
