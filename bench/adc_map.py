@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import os
 import sys
 import tempfile
 import time
@@ -25,17 +24,13 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from resnet8ptq.backends.onnx.backend import OnnxRuntimeBackend  # noqa: E402
+from _int8 import canonical_model, inputs, quantized_int8  # noqa: E402  (bench/_int8.py)
+
 from resnet8ptq.backends.onnx.integer import integer_model  # noqa: E402
-from resnet8ptq.calibration import CalibConfig  # noqa: E402
-from resnet8ptq.data import calibration_set, load_cifar10, to_model_input  # noqa: E402
 from resnet8ptq.device.config import DeviceConfig  # noqa: E402
 from resnet8ptq.device.evaluate import adc_steps, arithmetic  # noqa: E402
 from resnet8ptq.device.executor import execute, predictions  # noqa: E402
-from resnet8ptq.dtype import DtypeConfig  # noqa: E402
 from resnet8ptq.hardware import detect  # noqa: E402
-from resnet8ptq.model import MODEL_SHA256, canonical_onnx, resolve_h5  # noqa: E402
-from resnet8ptq.spec import QuantSpec  # noqa: E402
 
 
 def grid(args: argparse.Namespace) -> list[DeviceConfig]:
@@ -66,21 +61,13 @@ def main() -> None:
     parser.add_argument("--csv", type=Path, default=None)
     args = parser.parse_args()
     devices = grid(args)
-    assets = Path(os.environ.get("RESNET8PTQ_ASSETS", REPO.parent / "shared"))
-    data = load_cifar10(assets, download=False)
-    images, labels = to_model_input(data.test_images), data.test_labels
-    calibration, _ = calibration_set(data, 100, 42)  # the run's default sample: 100 training images a class
+    given = inputs()
+    images, labels, calibration = given.images, given.labels, given.calibration
     print(f"CPU: {detect().cpu}; {len(devices)} devices")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         cache = Path(tmp)
-        h5, sha256 = resolve_h5(assets / "models" / "pretrainedResnet.h5", MODEL_SHA256, cache)
-        canonical = canonical_onnx(h5, sha256, cache)
-        spec = QuantSpec(DtypeConfig("int8", "int8"), CalibConfig("minmax"), per_channel=True)
-        quantized = OnnxRuntimeBackend(native=False).quantize(
-            canonical.onnx_path, calibration, spec, cache / "q"
-        )
-        model = integer_model(quantized.path)
+        model = integer_model(quantized_int8(canonical_model(cache), calibration, cache))
         reference = predictions(model, execute(model, images)[0])
         print(f"reference (integer device): {100 * np.mean(reference == labels):.2f} %")
         profiles: dict = {}

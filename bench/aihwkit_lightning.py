@@ -69,20 +69,16 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from resnet8ptq.backends.onnx.backend import OnnxRuntimeBackend  # noqa: E402
+from _int8 import canonical_model, inputs, quantized_int8  # noqa: E402  (bench/_int8.py)
+
 from resnet8ptq.backends.onnx.integer import integer_model  # noqa: E402
 from resnet8ptq.backends.torch.convert import onnx_to_torch  # noqa: E402
-from resnet8ptq.calibration import CalibConfig  # noqa: E402
-from resnet8ptq.data import calibration_set, load_cifar10, to_model_input  # noqa: E402
 from resnet8ptq.device.cim import tile_sizes  # noqa: E402
 from resnet8ptq.device.config import DeviceConfig  # noqa: E402
 from resnet8ptq.device.evaluate import adc_steps, arithmetic  # noqa: E402
 from resnet8ptq.device.executor import execute, predictions  # noqa: E402
 from resnet8ptq.device.graph import Conv, IntegerModel  # noqa: E402
-from resnet8ptq.dtype import DtypeConfig  # noqa: E402
 from resnet8ptq.hardware import detect  # noqa: E402
-from resnet8ptq.model import MODEL_SHA256, canonical_onnx, resolve_h5  # noqa: E402
-from resnet8ptq.spec import QuantSpec  # noqa: E402
 
 VERSION = "2.1.0"
 SITE = Path.home() / ".cache" / "resnet8ptq-aihwkit" / f"site-packages-{VERSION}"
@@ -210,29 +206,22 @@ def main() -> None:
     torch.set_num_threads(1)
     started = time.perf_counter()
     convert_to_analog, RPUConfig, ClipType, QuantizationType = import_lightning()
-    assets = Path(os.environ.get("RESNET8PTQ_ASSETS", REPO.parent / "shared"))
-    data = load_cifar10(assets, download=False)
-    all_images, all_labels = to_model_input(data.test_images), data.test_labels
+    given = inputs()
+    all_images, all_labels, calibration = given.images, given.labels, given.calibration
     images, labels = all_images[: args.images], all_labels[: args.images]
-    calibration, _ = calibration_set(data, 100, 42)  # the run's default sample: 100 training images a class
     print(f"CPU: {detect().cpu}; torch {torch.__version__}, 1 thread; aihwkit-lightning {VERSION}; "
           f"{len(images)} test images; rows {args.rows}")  # fmt: skip
     ours: dict[tuple[int, str], float] = {}
     theirs: dict[tuple, float] = {}
     with tempfile.TemporaryDirectory() as tmp:
         cache = Path(tmp)
-        h5, sha256 = resolve_h5(assets / "models" / "pretrainedResnet.h5", MODEL_SHA256, cache)
-        canonical = canonical_onnx(h5, sha256, cache)
+        canonical = canonical_model(cache)
         fp32 = onnx_to_torch(canonical.onnx_path)
         fp32_accuracy, _ = accuracy(fp32, torch.from_numpy(all_images), all_labels)
         print(f"FP32 torch model: {100 * fp32_accuracy:.2f} % on all {len(all_images)} test images")
         if len(all_images) == 10_000 and round(fp32_accuracy * 10_000) != FP32_CORRECT:
             sys.exit(f"expected {FP32_CORRECT / 100:.2f} % FP32: not the model of shared/README.md")
-        spec = QuantSpec(DtypeConfig("int8", "int8"), CalibConfig("minmax"), per_channel=True)
-        quantized = OnnxRuntimeBackend(native=False).quantize(
-            canonical.onnx_path, calibration, spec, cache / "q"
-        )
-        model = integer_model(quantized.path)
+        model = integer_model(quantized_int8(canonical, calibration, cache))
     reference = predictions(model, execute(model, images)[0])
     print(
         f"this tool, integer device (ideal crossbar): {100 * np.mean(reference == labels):.2f} %", flush=True

@@ -23,17 +23,13 @@ import onnxruntime as ort
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from resnet8ptq.backends.onnx.backend import OnnxRuntimeBackend  # noqa: E402
+from _int8 import canonical_model, inputs, quantized_int8  # noqa: E402  (bench/_int8.py)
+
 from resnet8ptq.backends.onnx.integer import integer_model  # noqa: E402
-from resnet8ptq.calibration import CalibConfig  # noqa: E402
-from resnet8ptq.data import calibration_set, load_cifar10, to_model_input  # noqa: E402
 from resnet8ptq.device.config import DeviceConfig  # noqa: E402
 from resnet8ptq.device.evaluate import adc_steps, arithmetic  # noqa: E402
 from resnet8ptq.device.executor import execute  # noqa: E402
-from resnet8ptq.dtype import DtypeConfig  # noqa: E402
 from resnet8ptq.hardware import detect  # noqa: E402
-from resnet8ptq.model import MODEL_SHA256, canonical_onnx, resolve_h5  # noqa: E402
-from resnet8ptq.spec import QuantSpec  # noqa: E402
 
 DEVICES = {
     "integer": (DeviceConfig(kind="integer"), 10_000),
@@ -51,23 +47,16 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    assets = Path(os.environ.get("RESNET8PTQ_ASSETS", REPO.parent / "shared"))
-    data = load_cifar10(assets, download=False)
-    images = to_model_input(data.test_images)
-    calibration, _ = calibration_set(data, 100, 42)
+    given = inputs()
+    images, calibration = given.images, given.calibration
     with tempfile.TemporaryDirectory() as tmp:
         cache = Path(tmp)
-        h5, sha256 = resolve_h5(assets / "models" / "pretrainedResnet.h5", MODEL_SHA256, cache)
-        canonical = canonical_onnx(h5, sha256, cache)
-        spec = QuantSpec(DtypeConfig("int8", "int8"), CalibConfig("minmax"), per_channel=True)
-        quantized = OnnxRuntimeBackend(native=False).quantize(
-            canonical.onnx_path, calibration, spec, cache / "q"
-        )
+        quantized = quantized_int8(canonical_model(cache), calibration, cache)
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-        session = ort.InferenceSession(str(quantized.path), options)
+        session = ort.InferenceSession(str(quantized), options)
         name = session.get_inputs()[0].name
-        model = integer_model(quantized.path)
+        model = integer_model(quantized)
         steps = {key: adc_steps(model, device, calibration) for key, (device, _) in DEVICES.items()}
         seconds: dict[str, list[float]] = {"ORT reference": [], **{key: [] for key in DEVICES}}
         for _ in range(args.rounds):
