@@ -27,8 +27,19 @@ SIGNATURE = ModelSignature(
 """NHWC float32 raw 0-255 pixels in, class probabilities out. Unnamed tensors: pyfunc passes the array."""
 
 
+FORBIDDEN_IN_MODEL_NAMES = "/:.%\"'"
+"""Characters MLflow refuses in a logged model's name (``_validate_logged_model_name``)."""
+
+
+def model_name(run_name: str) -> str:
+    """A run's name as its logged model's name: each character MLflow refuses there becomes ``_`` (run names
+    may hold them: ``cim-r128-adc4-p99.99``, ``cim-n0.02``); other names are kept as they are."""
+    return "".join("_" if char in FORBIDDEN_IN_MODEL_NAMES else char for char in run_name)
+
+
 def log_model(run_id: str, name: str, how: MlflowFlavor, input_example: np.ndarray) -> str:
-    """Log a saved model as an MLflow Model of the run named ``name``; return its ``models:/<id>`` URI.
+    """Log a saved model as an MLflow Model of the run named ``name`` (the model's name: :func:`model_name`);
+    return its ``models:/<id>`` URI.
 
     The run's metrics logged so far are linked to the model (MLflow copies them), so log metrics first. The
     model is created in the run's experiment with the run's params: left to itself, ``Model.log`` puts it in
@@ -36,6 +47,7 @@ def log_model(run_id: str, name: str, how: MlflowFlavor, input_example: np.ndarr
     """
     client = MlflowClient()
     run = client.get_run(run_id)
+    name = model_name(name)
     model = client.create_logged_model(
         experiment_id=run.info.experiment_id, name=name, source_run_id=run_id, params=run.data.params
     )

@@ -46,7 +46,7 @@ def test_model_lands_in_its_runs_experiment_with_its_params(tmp_path, monkeypatc
     from onnx import TensorProto, helper
 
     from resnet8ptq.backends.base import MlflowFlavor
-    from resnet8ptq.tracking.models import log_model
+    from resnet8ptq.tracking.models import log_model, model_name
 
     monkeypatch.chdir(tmp_path)
     mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
@@ -65,8 +65,13 @@ def test_model_lands_in_its_runs_experiment_with_its_params(tmp_path, monkeypatc
         )
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
         how = MlflowFlavor(mlflow.onnx, {"onnx_model": model, "save_as_external_data": False}, ["onnx"])
-        uri = log_model(run.info.run_id, "tiny", how, np.zeros((1, 32, 32, 3), np.float32))
+        # A run name MLflow refuses as a model name (a device label with a percentile): its dots become _.
+        uri = log_model(run.info.run_id, "tiny-cim-adc4-p99.99", how, np.zeros((1, 32, 32, 3), np.float32))
         logged = client.get_logged_model(uri.removeprefix("models:/"))
+        assert (
+            logged.name == "tiny-cim-adc4-p99_99"
+            and model_name("onnx-int8-int8-minmax") == "onnx-int8-int8-minmax"
+        )
         assert logged.experiment_id == home
         assert logged.source_run_id == run.info.run_id
         assert logged.params == {"dtype": "int8"}
