@@ -242,7 +242,9 @@ def cover(width: np.ndarray, adc_bits: int, window: str, step: str) -> np.ndarra
     return np.maximum(np.round(ratio * unit), unit) / unit
 
 
-def window_for(low: np.ndarray, high: np.ndarray, steps: np.ndarray, adc_bits: int, window: str):
+def window_for(
+    low: np.ndarray, high: np.ndarray, steps: np.ndarray, adc_bits: int, window: str
+) -> tuple[np.ndarray, np.ndarray]:
     """The codes (min, max) of each group's window for the range [low, high] at ``steps``: ± the top code
     (symmetric), or 2^b codes centred on the range (asymmetric)."""
     n = codes(adc_bits, window)

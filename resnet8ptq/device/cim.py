@@ -15,9 +15,10 @@ What is modelled, per layer, for every output (a crossbar column) and every imag
   noise of σ = ``weight_noise`` × the cell's full range (2^bits_per_cell - 1), drawn once per seed (the chip
   is programmed once, then every image runs on it).
 * **ADC** (aihwkit: ``forward.out_res``, ``out_bound``): each partial sum (tile × input slice × weight
-  slice) is read by a signed ``adc_bits`` ADC, rounded half to even to its step and saturated at
-  ±(2^(b-1) - 1) steps; the steps come per layer, tile or column from :mod:`.adc` (``adc_range``,
-  ``adc_granularity``, ``adc_step``). Input slices of one column share its ADC.
+  slice) is read by an ``adc_bits`` ADC: rounded half to even to its step and clamped to its window of codes
+  (symmetric ±(2^(b-1) - 1), or 2^b codes over the calibrated range); steps and windows come per layer, tile
+  or column from :mod:`.adc` (``adc_range``, ``adc_granularity``, ``adc_window``, ``adc_step``). Input
+  slices of one column share its ADC.
 * **Digital accumulator**: the ADC codes times their steps are shifted and added tile by tile into a
   saturating ``accumulator_bits`` register; with ``free`` (non power-of-two) steps the register keeps
   :data:`~.adc.STEP_FRACTION_BITS` fraction bits beside them and the sum is rounded half to even to an
@@ -161,7 +162,7 @@ class CrossbarArithmetic(Arithmetic):
         weight, largest = self.tiled_weights(layer)
         partial = float_conv(layer, torch.cat(digits), weight, weight.dtype)  # (Sx·N, T·Sw·O, H', W')
         if self.profile is not None:
-            self.profile.add(layer.name, Geometry(tiles, len(w_shifts), outputs), partial)
+            self.profile.add(layer.name, self.geometry(layer), partial)
         read, reading_bound, integral = self.adc(layer, partial, largest)
         read = read.reshape(len(x_shifts), n, tiles, len(w_shifts), outputs, *partial.shape[2:])
         # The readings' sum is exact in float32 while integers stay below 2^24 (every order of summation).

@@ -85,7 +85,7 @@ class DeviceConfig(Crossbar):
                 f"device.adc_percentile={self.adc_percentile}: expected a percentile in (0, 100]",
             ),
             (
-                self.adc_percentile == 99.99 or self.range_rule == "percentile",
+                self.adc_percentile == Crossbar.adc_percentile or self.range_rule == "percentile",
                 f"device.adc_percentile={self.adc_percentile} with device.adc_range={self.adc_range}: "
                 "the percentile applies to device.adc_range=percentile only",
             ),

@@ -108,12 +108,10 @@ def adc_steps(
     profiles = {} if profiles is None else profiles
     layout = astuple(crossbar.ideal())
     if layout not in profiles:
-        profile = PartialSumProfile()
-        execute(model, calibration_images, CrossbarArithmetic(crossbar.ideal(), profile=profile),
+        profiles[layout] = PartialSumProfile()
+        execute(model, calibration_images, CrossbarArithmetic(crossbar.ideal(), profile=profiles[layout]),
                 batch_size=device.images_per_step)  # fmt: skip
-        profiles[layout] = profile
-    profile = profiles[layout]
-    return calibrated_steps(profile, bits, rule, granularity, window, step, crossbar.adc_percentile)
+    return calibrated_steps(profiles[layout], bits, rule, granularity, window, step, crossbar.adc_percentile)
 
 
 SQNR_IMAGES = 200
