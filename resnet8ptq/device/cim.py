@@ -35,10 +35,11 @@ import math
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from resnet8ptq.device.adc import Geometry, LayerSteps, PartialSumProfile
 from resnet8ptq.device.config import Crossbar
-from resnet8ptq.device.executor import EXACT_FLOAT32, Arithmetic, float_conv
+from resnet8ptq.device.executor import EXACT_FLOAT32, Arithmetic
 from resnet8ptq.device.graph import Conv
 
 
@@ -58,7 +59,7 @@ def slices(values: torch.Tensor, bits: int, total_bits: int, signed: bool) -> li
     ``total_bits``, the top digit negative-weighted."""
     if bits >= total_bits:
         return [(values, 0)]
-    as_int = values.to(torch.int64)
+    as_int = values.to(torch.int32)  # narrow: the bit operations stream less memory
     if signed:
         as_int = torch.where(as_int < 0, as_int + (1 << total_bits), as_int)
     digits = []
@@ -98,8 +99,8 @@ class CrossbarArithmetic(Arithmetic):
         self.profile = profile
         self._weights: dict[str, list[tuple[torch.Tensor, int]]] = {}
         self._generator = torch.Generator().manual_seed(seed)
-        self._tiled: dict[str, tuple[torch.Tensor, float]] = {}
-        self._adcs: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]] = {}
+        self._tiled: dict[str, tuple[list[tuple[slice, torch.Tensor]], float]] = {}
+        self._adcs: dict[str, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = {}
 
     def weight_slices(self, layer: Conv) -> list[tuple[torch.Tensor, int]]:
         """The layer's programmed cell columns (O, K) per weight slice with their significance: sign ·
@@ -132,22 +133,31 @@ class CrossbarArithmetic(Arithmetic):
         slices_ = len(self.weight_slices(layer))
         return Geometry(len(tile_sizes(layer.terms, self.crossbar.rows)), slices_, len(layer.weight))
 
-    def tiled_weights(self, layer: Conv) -> tuple[torch.Tensor, float]:
-        """Every (tile, weight slice) pair's cells as a convolution's weights (T·Sw·O, C, kh, kw), masked to
-        the tile's rows, in the exact type of the layer's partial sums (float32 while no partial sum can reach
-        2^24: the largest input digit times the largest column sum of cells), and that bound; made once."""
+    def tiled_weights(
+        self, layer: Conv, device: torch.device | None = None
+    ) -> tuple[list[tuple[slice, torch.Tensor]], float]:
+        """Each row tile's cells as a convolution over the input channels its rows touch: (channels, weights
+        (Sw·O, C_t, kh, kw) with every weight slice stacked on the outputs, masked to the tile's rows), in
+        the exact type of the layer's partial sums (float32 while no partial sum can reach 2^24: the largest
+        input digit times the largest column sum of cells), and that bound; made once per layer, on
+        ``device``."""
         if layer.name not in self._tiled:
             c = self.crossbar
             in_bits, _ = value_bits(*input_range(layer))
-            cells = torch.stack([cell for cell, _ in self.weight_slices(layer)])
+            cells = torch.stack([cell for cell, _ in self.weight_slices(layer)])  # (Sw, O, K)
+            kernel = int(np.prod(layer.weight.shape[2:]))  # a channel's kh·kw rows (term order: c, kh, kw)
             bounds = np.cumsum([0, *tile_sizes(layer.terms, c.rows)])
-            masks = torch.zeros((len(bounds) - 1, layer.terms), dtype=torch.float64)
-            for tile, (low, high) in enumerate(itertools.pairwise(bounds)):
-                masks[tile, low:high] = 1
-            stacked = (masks[:, None, None, :] * cells[None]).reshape(-1, *layer.weight.shape[1:])
-            largest = 2.0 ** min(c.dac_bits, in_bits) * float(stacked.abs().sum(dim=(1, 2, 3)).max())
+            tiles, largest = [], 0.0
+            for low, high in itertools.pairwise(bounds):
+                channels = slice(int(low) // kernel, -(-int(high) // kernel))
+                mask = torch.zeros(layer.terms, dtype=torch.float64)
+                mask[low:high] = 1
+                masked = (cells * mask).reshape(-1, *layer.weight.shape[1:])[:, channels]
+                largest = max(largest, float(masked.abs().sum(dim=(1, 2, 3)).max()))
+                tiles.append((channels, masked))
+            largest *= 2.0 ** min(c.dac_bits, in_bits)
             dtype = torch.float32 if largest < EXACT_FLOAT32 else torch.float64
-            self._tiled[layer.name] = (stacked.to(dtype), largest)
+            self._tiled[layer.name] = ([(ch, w.to(dtype=dtype, device=device)) for ch, w in tiles], largest)
         return self._tiled[layer.name]
 
     def accumulate(self, layer: Conv, x: torch.Tensor) -> torch.Tensor:
@@ -156,57 +166,75 @@ class CrossbarArithmetic(Arithmetic):
         in_bits, in_signed = value_bits(*input_range(layer))
         digits, x_shifts = zip(*slices(x, c.dac_bits, in_bits, in_signed), strict=True)
         w_shifts = [shift for _, shift in self.weight_slices(layer)]
-        tiles = len(tile_sizes(layer.terms, c.rows))
-        # One convolution gives every partial sum: the input slices stacked on the batch, and on the outputs
-        # every (tile, weight slice) pair as the weights masked to the tile's rows.
-        weight, largest = self.tiled_weights(layer)
-        partial = float_conv(layer, torch.cat(digits), weight, weight.dtype)  # (Sx·N, T·Sw·O, H', W')
-        if self.profile is not None:
-            self.profile.add(layer.name, self.geometry(layer), partial)
-        read, reading_bound, integral = self.adc(layer, partial, largest)
-        read = read.reshape(len(x_shifts), n, tiles, len(w_shifts), outputs, *partial.shape[2:])
+        tiles, largest = self.tiled_weights(layer, x.device)
+        dtype = tiles[0][1].dtype
+        # The input slices stacked on the batch; each tile one convolution over the channels its rows touch,
+        # with every weight slice stacked on the outputs: (Sx·N, Sw·O, H', W') partial sums per tile.
+        top, bottom, left, right = layer.padding
+        padded = F.pad(torch.cat(digits).to(dtype), (left, right, top, bottom))
+        read_bound, integral = self.adc_bound(layer, largest)
         # The readings' sum is exact in float32 while integers stay below 2^24 (every order of summation).
-        bound = tiles * reading_bound * sum(2.0 ** (xs + ws) for xs in x_shifts for ws in w_shifts)
-        dtype = torch.float32 if integral and bound < EXACT_FLOAT32 else torch.float64
-        if len(x_shifts) * len(w_shifts) == 1:
-            columns = read[0, :, :, 0].to(dtype)  # (N, T, O, H', W')
-        else:  # shift and add the slices (powers of two: exact)
-            significance = torch.tensor(
-                [[2.0 ** (xs + ws) for ws in w_shifts] for xs in x_shifts], dtype=read.dtype
-            ).reshape(len(x_shifts), 1, 1, len(w_shifts), 1, 1, 1)
-            columns = (read * significance).sum(dim=(0, 3), dtype=dtype)
+        bound = len(tiles) * read_bound * sum(2.0 ** (xs + ws) for xs in x_shifts for ws in w_shifts)
+        sum_dtype = torch.float32 if integral and bound < EXACT_FLOAT32 else torch.float64
         limit = 2 ** (c.accumulator_bits - 1)
-        if bound < limit:  # the accumulator cannot saturate
-            acc = columns.sum(dim=1)
-        else:
-            acc = torch.zeros_like(columns[:, 0])
-            for tile in range(tiles):  # the digital accumulator adds the tiles one by one, saturating
-                acc = (acc + columns[:, tile]).clamp_(-limit, limit - 1)
+        x_significance = torch.tensor([2.0**xs for xs in x_shifts], dtype=sum_dtype, device=x.device)
+        w_significance = torch.tensor([2.0**ws for ws in w_shifts], dtype=sum_dtype, device=x.device)
+        acc, profiled = None, []
+        for tile, (channels, weight) in enumerate(tiles):
+            partial = F.conv2d(padded[:, channels], weight, stride=layer.stride)
+            if self.profile is not None:
+                profiled.append(partial.clone())
+            read = self.adc(layer, tile, partial)
+            # Shift and add the slices (powers of two: exact), input slices as one matrix-vector product.
+            read = read.to(sum_dtype).reshape(len(x_shifts), n, len(w_shifts), outputs, *read.shape[2:])
+            if len(x_shifts) > 1:
+                read = (x_significance @ read.reshape(len(x_shifts), -1)).reshape(read.shape[1:])
+            else:
+                read = read[0]
+            if len(w_shifts) > 1:
+                column = torch.tensordot(w_significance, read, dims=([0], [1]))  # type: ignore[arg-type]
+            else:
+                column = read[:, 0]  # (N, O, H', W')
+            acc = column if acc is None else acc.add_(column)
+            if bound >= limit:  # the digital accumulator adds the tiles one by one, saturating
+                acc.clamp_(-limit, limit - 1)
+        if self.profile is not None:
+            self.profile.add(layer.name, self.geometry(layer), torch.cat(profiled, dim=1))
         if not integral:
             acc = torch.round(acc)  # fixed point (multiples of 2^-8) to the integer accumulator: half to even
         return acc
 
-    def adc(self, layer: Conv, partial: torch.Tensor, largest: float) -> tuple[torch.Tensor, float, bool]:
-        """The partial sums as the ADC reads them (in place where it can), the largest |reading| and whether
-        every reading is an integer: code = round(p / step), half to even, clamped to the ADC's window of
-        codes, times the step. An ideal ADC rounds to an integer, which changes only noisy sums; its
-        readings stay within ``largest``."""
+    def adc_bound(self, layer: Conv, largest: float) -> tuple[float, bool]:
+        """The largest |reading| of the layer's ADCs and whether every reading is an integer. An ideal ADC
+        rounds to an integer (which changes only noisy sums): its readings stay within ``largest`` + 1/2."""
         if self.crossbar.adc_bits is None:
-            return partial.round_(), largest + 0.5, True
+            return largest + 0.5, True
         adcs = self.adc_steps[layer.name]
+        bound = float(np.max(np.maximum(np.abs(adcs.code_min), np.abs(adcs.code_max)) * adcs.steps))
+        return bound, adcs.integral
+
+    def adc(self, layer: Conv, tile: int, partial: torch.Tensor) -> torch.Tensor:
+        """A tile's partial sums (Sx·N, Sw·O, H', W') as its ADCs read them, in place where it can: code =
+        round(p / step), half to even, clamped to the ADC's window of codes, times the step; an ideal ADC
+        rounds to an integer."""
+        if self.crossbar.adc_bits is None:
+            return partial.round_()
         if layer.name not in self._adcs:
+            adcs = self.adc_steps[layer.name]
             dtype = partial.dtype if adcs.integral else torch.float64  # code · (M / 2^8): exact in float64
+            per_tile = partial.shape[1]
 
-            def per_column(values: np.ndarray) -> torch.Tensor:
+            def per_column(values: np.ndarray) -> list[torch.Tensor]:
                 column = torch.from_numpy(adcs.per_column(values).astype(np.float64))
-                return column.to(dtype=dtype, device=partial.device).reshape(1, -1, 1, 1)
+                column = column.to(dtype=dtype, device=partial.device).reshape(1, -1, 1, 1)
+                return list(column.split(per_tile, dim=1))
 
-            bound = float(np.max(np.maximum(np.abs(adcs.code_min), np.abs(adcs.code_max)) * adcs.steps))
-            self._adcs[layer.name] = (per_column(adcs.steps), per_column(adcs.code_min),
-                                      per_column(adcs.code_max), bound)  # fmt: skip
-        step, low, high, bound = self._adcs[layer.name]
+            self._adcs[layer.name] = list(
+                zip(per_column(adcs.steps), per_column(adcs.code_min), per_column(adcs.code_max), strict=True)
+            )
+        step, low, high = self._adcs[layer.name][tile]
         code = partial.to(step.dtype).div_(step).round_()
-        return code.clamp_(low, high).mul_(step), bound, adcs.integral
+        return code.clamp_(low, high).mul_(step)
 
 
 def input_range(layer: Conv) -> tuple[int, int]:

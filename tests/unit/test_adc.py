@@ -167,11 +167,16 @@ def test_a_column_range_reads_each_column_in_its_own_steps() -> None:
     read = CrossbarArithmetic(
         crossbar, adc_steps={"conv": LayerSteps.symmetric(geometry, "column", steps, 5)}
     )
-    partial = torch.arange(-200.0, 200.0).reshape(1, 1, -1, 1).expand(1, geometry.columns, -1, 1)
-    reading, _, integral = read.adc(layer, partial.clone(), largest=200.0)
-    codes = reading / torch.from_numpy(steps).reshape(1, -1, 1, 1).float()
-    assert integral
-    assert torch.equal(codes, torch.round(codes)) and codes.abs().max() == adc_top(5)
+    per_tile = geometry.slices * geometry.outputs
+    partial = torch.arange(-200.0, 200.0).reshape(1, 1, -1, 1).expand(1, per_tile, -1, 1)
+    for tile in range(geometry.tiles):
+        reading = read.adc(layer, tile, partial.clone())
+        tile_steps = steps[tile * per_tile : (tile + 1) * per_tile]
+        codes = reading / torch.from_numpy(tile_steps).reshape(1, -1, 1, 1).float()
+        assert torch.equal(codes, torch.round(codes)) and codes.abs().max() == adc_top(5)
+        assert torch.equal(codes[0, :, 0, 0], torch.full((per_tile,), -float(adc_top(5))))  # clipped
+        assert torch.equal(codes[0, :, 200, 0], torch.zeros(per_tile))  # p = 0 reads 0
+    assert read.adc_bound(layer, 200.0) == (adc_top(5) * 8.0, True)
     assert read.accumulate(layer, x).shape == Ideal().accumulate(layer, x).shape
 
 
