@@ -22,9 +22,9 @@ def fmt(value: float | None, spec: str, suffix: str = "") -> str:
 
 
 def interval(row: pd.Series) -> str:
-    """`95% CI 86.05-87.38` (percent), or `95% CI n/a`."""
-    low, high = row.get("accuracy_ci_low", np.nan), row.get("accuracy_ci_high", np.nan)
-    return f"95% CI {fmt(low * 100, '.2f')}-{fmt(high * 100, '.2f')}"
+    """`95% CI 86.05-87.38` (percent, of the compared accuracy), or `95% CI n/a`."""
+    low, high = row.get("ci_low_pct", np.nan), row.get("ci_high_pct", np.nan)
+    return f"95% CI {fmt(low, '.2f')}-{fmt(high, '.2f')}"
 
 
 def fmt_p(p_value: float) -> str:
@@ -48,14 +48,15 @@ class Pick:
 def _pick(
     candidates: pd.DataFrame, what: str, by: str, *, smaller_is_better: bool, tolerance: float = 0.0
 ) -> Pick | None:
-    """The best candidate by `by`; values within `tolerance` (rel.) of the best tie: most accurate wins."""
+    """The best candidate by `by`; values within `tolerance` (rel.) of the best tie: most accurate wins
+    (by the compared accuracy, `accuracy_pct`: on the device for a device run)."""
     values = candidates[by].dropna()
     if values.empty:
         return None
     best = values.min() if smaller_is_better else values.max()
     close = values <= best * (1 + tolerance) if smaller_is_better else values >= best * (1 - tolerance)
     ranked = candidates.loc[close[close].index].sort_values(
-        ["accuracy", by, "label"], ascending=[False, smaller_is_better, True], kind="stable"
+        ["accuracy_pct", by, "label"], ascending=[False, smaller_is_better, True], kind="stable"
     )
     row = ranked.iloc[0]
     return Pick(what, row["label"], row["run_id"], describe(row))
@@ -63,9 +64,10 @@ def _pick(
 
 def describe(row: pd.Series) -> str:
     """`86.73% (95% CI 86.05-87.38; -0.46 points vs FP32), 108.0 KiB (2.90x smaller), 2668 img/s, 0.094 ms
-    at batch 1`."""
+    at batch 1`; a device run's accuracy `on the device`."""
+    where = " on the device" if row.get("on_device", False) else ""
     return (
-        f"{fmt(row['accuracy_pct'], '.2f', '%')} ({interval(row)}; "
+        f"{fmt(row['accuracy_pct'], '.2f', '%')}{where} ({interval(row)}; "
         f"{fmt(row['delta_points'], '+.2f')} points vs FP32), "
         f"{fmt(row['size_kib'], '.1f')} KiB ({fmt(row['size_reduction'], '.2f', 'x')} smaller), "
         f"{fmt(row['throughput_img_s'], '.0f')} img/s, {fmt(row['latency_ms_b1'], '.3f')} ms at batch 1"
@@ -73,8 +75,10 @@ def describe(row: pd.Series) -> str:
 
 
 def recommendations(table: pd.DataFrame, max_drop_points: float) -> tuple[list[Pick], pd.DataFrame]:
-    """Best accuracy, smallest, fastest, best per backend (quantized configurations this tool made, not
-    published models); and the runs over the drop limit.
+    """Best accuracy (and best on a device when some runs have none), smallest, fastest, best per backend
+    (quantized configurations this tool made, not published models), by the accuracy the report compares
+    (on the device for a device run: :func:`~resnet8ptq.report.runs.compared_accuracy`); and the runs over
+    the drop limit.
 
     Smallest and fastest consider the configurations within the limit (all when none is); sizes within
     SIZE_TOLERANCE and throughputs within THROUGHPUT_TOLERANCE count as ties, won by the most accurate.
@@ -82,12 +86,15 @@ def recommendations(table: pd.DataFrame, max_drop_points: float) -> tuple[list[P
     quantized = configured(table)
     over = quantized[quantized["delta_points"].round(6) < -max_drop_points].sort_values("delta_points")
     pool = quantized.drop(over.index) if len(over) < len(quantized) else quantized
+    devices = quantized[quantized["on_device"]]
+    mixed = 0 < len(devices) < len(quantized)  # runs with and without a device: the best on one, too
     picks = [
-        _pick(quantized, "Best accuracy", "accuracy", smaller_is_better=False),
+        _pick(quantized, "Best accuracy", "accuracy_pct", smaller_is_better=False),
+        _pick(devices, "Best on a device", "accuracy_pct", smaller_is_better=False) if mixed else None,
         _pick(pool, "Smallest model", "model_size_bytes", smaller_is_better=True, tolerance=SIZE_TOLERANCE),
         *_fastest_per_machine(table, pool),
         *(
-            _pick(group, f"Best {backend}", "accuracy", smaller_is_better=False)
+            _pick(group, f"Best {backend}", "accuracy_pct", smaller_is_better=False)
             for backend, group in quantized.groupby("backend", sort=True)
         ),
     ]
@@ -120,12 +127,13 @@ def _fastest_per_machine(table: pd.DataFrame, pool: pd.DataFrame) -> list[Pick |
 
 
 def class_deltas(table: pd.DataFrame) -> pd.DataFrame:
-    """Per-class accuracy change vs the FP32 baseline of the same backend, in points (classes x configs)."""
+    """Per-class accuracy change vs the FP32 baseline of the same backend, in points (classes x configs).
+    Device runs are left out: their per-class accuracies are the reference's."""
     columns = [f"{CLASS_METRIC}{name}" for name in CLASS_NAMES]
     baselines = table[~table["quantized"]].drop_duplicates("backend").set_index("backend")[columns]
     deltas = {
         row["label"]: (row[columns].to_numpy(float) - baselines.loc[row["backend"]].to_numpy(float)) * 100
-        for _, row in table[table["quantized"]].iterrows()
+        for _, row in table[table["quantized"] & ~table["on_device"]].iterrows()
         if row["backend"] in baselines.index
     }
     return pd.DataFrame(deltas, index=list(CLASS_NAMES), dtype=float)

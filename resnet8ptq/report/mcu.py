@@ -20,9 +20,10 @@ NO_PATH = {
 
 
 def deployability_section(report: Report) -> list[str]:
-    """One row per quantized model (device runs of one model once); the accuracy-vs-arena plot."""
+    """One row per quantized model (device runs of one model once); the accuracy-vs-arena plot. Left out when
+    no model ran on the MCU path (its rows would only say so)."""
     table = report.table[report.table["quantized"]].copy()
-    if table.empty:
+    if table["accuracy_mcu"].isna().all():
         return []
     table["model"] = table["label"].str.replace(r" @\S+$", "", regex=True)
     table = table.drop_duplicates("model")

@@ -75,6 +75,7 @@ METRIC_COLUMNS = (
     "accuracy_device_ci_low",
     "accuracy_device_ci_high",
     "accuracy_device_std",
+    "accuracy_device_perf_subset",
     "device_differing_predictions",
     "accuracy_perf_subset",
     "accuracy_ci_low",
@@ -271,29 +272,76 @@ def latest_per_config(frame: pd.DataFrame) -> tuple[pd.DataFrame, int]:
 
 
 def comparison_table(frame: pd.DataFrame) -> pd.DataFrame:
-    """Finished runs with accuracy (%), change vs FP32 (points), size (KiB) and reduction; sorted.
+    """Finished runs with the accuracy the report compares by (:func:`compared_accuracy`), size (KiB) and
+    reduction; sorted.
 
-    Rows: per backend, its FP32 baseline first, then the quantized configurations by accuracy.
+    Rows: per backend, its FP32 baseline first, then the quantized configurations by that accuracy.
     """
     table = frame[frame["status"] == "FINISHED"].copy()
     baselines = table[~table["quantized"]].drop_duplicates("backend").set_index("backend")
-    base_accuracy = table["backend"].map(baselines["accuracy"]).astype(float)
     base_size = table["backend"].map(baselines["model_size_bytes"]).astype(float)
-    delta = table["accuracy_delta"].where(table["accuracy_delta"].notna(), table["accuracy"] - base_accuracy)
     fp32_size = table["fp32_size_bytes"].where(table["fp32_size_bytes"].notna(), base_size)
-    table["accuracy_pct"] = table["accuracy"] * 100
-    table["perf_subset_pct"] = table["accuracy_perf_subset"] * 100
     for i in table.index[table["accuracy_ci_low"].isna() & table["accuracy"].notna()]:
         # runs logged before the interval was: every run evaluates the whole test set
         correct = round(table.at[i, "accuracy"] * TEST_IMAGES)
         table.loc[i, ["accuracy_ci_low", "accuracy_ci_high"]] = accuracy_interval(correct, TEST_IMAGES)
-    table["delta_points"] = np.where(table["quantized"], delta * 100, 0.0)
+    table = compared_accuracy(table, table["backend"].map(baselines["accuracy"]).astype(float))
     table["size_kib"] = table["model_size_bytes"] / 1024
     table["size_reduction"] = np.where(table["quantized"], fp32_size / table["model_size_bytes"], 1.0)
     table = table.assign(**{column: np.nan for column in TEST_COLUMNS})  # filled by significance.paired_tests
-    table["sort_accuracy"] = -table["accuracy"].fillna(-1)
+    table["sort_accuracy"] = -table["accuracy_pct"].fillna(-1)
     table = table.sort_values(["backend", "quantized", "sort_accuracy", "label"], kind="stable")
     return table.drop(columns="sort_accuracy").reset_index(drop=True)
+
+
+DEVICE_METRICS = {  # a device run's figure in place of each reference one
+    "accuracy": "accuracy_device",
+    "accuracy_ci_low": "accuracy_device_ci_low",
+    "accuracy_ci_high": "accuracy_device_ci_high",
+    "accuracy_perf_subset": "accuracy_device_perf_subset",
+}
+
+
+def compared_accuracy(table: pd.DataFrame, fp32_accuracy: pd.Series) -> pd.DataFrame:
+    """The one place that decides which accuracy the report ranks, compares and tests by: each run's
+    accuracy where it runs. A device run (``on_device``: it has ``accuracy_device``) is compared by its
+    accuracy on the device, every other run by its reference accuracy.
+
+    Adds ``on_device``, ``accuracy_pct``, ``ci_low_pct``, ``ci_high_pct``, ``perf_subset_pct`` (percent),
+    ``delta_points`` (against its backend's FP32 model) and ``reference_pct`` (the reference accuracy,
+    shown beside a device's); the logged metrics (``accuracy``, ...) keep their meaning."""
+    table = table.copy()
+    on_device = table["accuracy_device"].notna()
+    compared = {name: table[name].where(~on_device, table[device]) for name, device in DEVICE_METRICS.items()}
+    own_delta = table["accuracy_delta"] + compared["accuracy"] - table["accuracy"]  # needs no baseline here
+    delta = own_delta.where(own_delta.notna(), compared["accuracy"] - fp32_accuracy)
+    table["on_device"] = on_device
+    table["accuracy_pct"] = compared["accuracy"] * 100
+    table["ci_low_pct"] = compared["accuracy_ci_low"] * 100
+    table["ci_high_pct"] = compared["accuracy_ci_high"] * 100
+    table["perf_subset_pct"] = compared["accuracy_perf_subset"] * 100
+    table["delta_points"] = np.where(table["quantized"], delta * 100, 0.0)
+    table["reference_pct"] = table["accuracy"] * 100
+    return table
+
+
+def accuracy_name(table: pd.DataFrame) -> str:
+    """What the report calls the accuracy it compares by: `accuracy on the device` when a run has one."""
+    return "accuracy on the device" if table["on_device"].any() else "accuracy"
+
+
+def compared_note(table: pd.DataFrame) -> str | None:
+    """The sentence that says what the accuracy is in a sweep with device runs; None without."""
+    devices = int(table["on_device"].sum())
+    if not devices:
+        return None
+    others = int((~configured(table)["on_device"]).sum())
+    rest = f"; the {others} configuration(s) without a device by their reference accuracy" if others else ""
+    return (
+        f"Accuracy here is on the device: `accuracy_device` (the mean over noise draws) of the {devices} "
+        f"device run(s){rest}. The comparison shows the reference accuracy beside it; size and throughput "
+        "are the quantized model's (throughput on this CPU's runtime, not the device's)."
+    )
 
 
 def latest_sweep_run(client: MlflowClient, experiment_name: str) -> str:

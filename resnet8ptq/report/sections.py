@@ -29,7 +29,7 @@ from resnet8ptq.report.figures import (
     class_delta_heatmap_png,
     tradeoff_png,
 )
-from resnet8ptq.report.runs import configured
+from resnet8ptq.report.runs import accuracy_name, compared_note, configured
 from resnet8ptq.report.significance import seed_spread
 from resnet8ptq.statistics import significant
 
@@ -83,7 +83,9 @@ class Report:
 
 
 def comparison_rows(table: pd.DataFrame, max_drop_points: float) -> Table:
-    """The comparison table, one row per finished run."""
+    """The comparison table, one row per finished run; with device runs, the reference accuracy beside the
+    accuracy on the device."""
+    device = bool(table["on_device"].any())
     headers = [
         "configuration",
         "backend",
@@ -91,8 +93,9 @@ def comparison_rows(table: pd.DataFrame, max_drop_points: float) -> Table:
         "act/weight",
         "calib",
         "per-channel",
-        "accuracy (%)",
+        f"{accuracy_name(table)} (%)",
         "95% CI (%)",
+        *(["reference (%)"] if device else []),
         "MLPerf perf subset (%)",
         "Δ vs FP32 (points)",
         "p vs FP32",
@@ -119,7 +122,8 @@ def comparison_rows(table: pd.DataFrame, max_drop_points: float) -> Table:
                 row.calib or "—",
                 row.per_channel or "—",
                 fmt(row.accuracy_pct, ".2f"),
-                f"{fmt(row.accuracy_ci_low * 100, '.2f')}-{fmt(row.accuracy_ci_high * 100, '.2f')}",
+                f"{fmt(row.ci_low_pct, '.2f')}-{fmt(row.ci_high_pct, '.2f')}",
+                *([fmt(row.reference_pct, ".2f")] if device else []),
                 fmt(row.perf_subset_pct, ".1f"),
                 fmt(row.delta_points, "+.2f", " ⚠" if over else ""),
                 fmt_p(row.p_vs_fp32_holm) if row.quantized else "—",
@@ -154,6 +158,7 @@ def recommendation_section(table: pd.DataFrame, limit: float) -> list[str]:
     items.append(f"**Accuracy drop over {limit:g} points**: {over_text or 'none'}")
     ties = best_ties_line(table)
     items += [ties] if ties else []
+    device = compared_note(table)
     scope = (
         f"among the configurations within the {limit:g}-point limit"
         if len(over) < len(configured(table))
@@ -163,7 +168,7 @@ def recommendation_section(table: pd.DataFrame, limit: float) -> list[str]:
         f"Smallest and fastest are chosen {scope}; sizes within {SIZE_TOLERANCE:.0%} and throughputs within "
         f"{THROUGHPUT_TOLERANCE:.0%} count as ties, won by the more accurate."
     )
-    return ["## Recommendations", bullets(items), note]
+    return ["## Recommendations", *([device] if device else []), bullets(items), note]
 
 
 def execution_section(table: pd.DataFrame) -> list[str]:
@@ -264,10 +269,11 @@ def tradeoff_section(report: Report) -> list[str]:
     Pareto-optimal configurations named."""
     section = ["## Trade-offs"]
     machines = machine_names(report.table)
-    panels = [("size_kib", "model size (KiB)", True, SIZE_PNG, "accuracy vs model size", report.table)]
+    accuracy = accuracy_name(report.table)
+    panels = [("size_kib", "model size (KiB)", True, SIZE_PNG, f"{accuracy} vs model size", report.table)]
     for label, short in machines.items():
         png = THROUGHPUT_PNG if len(machines) == 1 else THROUGHPUT_PNG.replace(".png", f"_{short}.png")
-        what = "accuracy vs throughput" + (f" on {short} ({label})" if len(machines) > 1 else "")
+        what = f"{accuracy} vs throughput" + (f" on {short} ({label})" if len(machines) > 1 else "")
         rows = report.table[report.table["hardware"] == label]
         panels.append(("throughput_img_s", "throughput (img/s)", False, png, what, rows))
     for x, x_label, minimize, png, what, rows in panels:
@@ -299,8 +305,8 @@ def best_ties_line(table: pd.DataFrame) -> str | None:
     tested = own[own["p_vs_best_holm"].notna()]
     if tested.empty:
         return None
-    best = own.sort_values(["accuracy", "label"], ascending=[False, True]).iloc[0]
-    ties = tested[~tested["p_vs_best_holm"].map(significant)].sort_values("accuracy", ascending=False)
+    best = own.sort_values(["accuracy_pct", "label"], ascending=[False, True]).iloc[0]
+    ties = tested[~tested["p_vs_best_holm"].map(significant)].sort_values("accuracy_pct", ascending=False)
     if ties.empty:
         return (
             f"**Is the best really best?** Yes: {best['label']} is significantly more accurate than every "
@@ -320,18 +326,22 @@ def significance_section(table: pd.DataFrame) -> list[str]:
     """Which accuracy differences are real: the interval every accuracy carries, each configuration against
     FP32 by a paired test, and the spread over calibration samples (`data.seed`) where the runs have it."""
     quantized = configured(table)
-    widths = (quantized["accuracy_ci_high"] - quantized["accuracy_ci_low"]) * 50
+    widths = (quantized["ci_high_pct"] - quantized["ci_low_pct"]) / 2
     section = [
         "## Significance",
         f"Every accuracy carries its 95% Wilson interval (column `95% CI`; here ±{fmt(widths.min(), '.2f')} "
         f"to ±{fmt(widths.max(), '.2f')} points). Overlapping intervals do not settle a comparison: the "
         f"paired test ({PAIRED_TEST}) uses the images both models saw and is sharper.",
     ]
+    if quantized["on_device"].any():
+        section.append(
+            "A device run is tested on the device's predictions (`device/predictions.csv`); one whose "
+            "accuracy is a mean over noise draws that differ (`accuracy_device_std` > 0) is not tested: one "
+            "draw's predictions do not stand for that mean, whose interval (over the draws) is in the table."
+        )
     tested = quantized[quantized["p_vs_fp32_holm"].notna()]
     if tested.empty:
-        section.append(
-            "No paired tests: these runs did not log their predictions (evaluation/predictions.csv)."
-        )
+        section.append("No paired tests: these runs did not log their predictions (`predictions.csv`).")
     else:
         worse = tested["p_vs_fp32_holm"].map(significant) & (tested["delta_points"] < 0)
         better = tested["p_vs_fp32_holm"].map(significant) & (tested["delta_points"] > 0)

@@ -1,6 +1,6 @@
 """Which differences the report shows are real: paired McNemar tests on the runs' per-image predictions
-(artifact ``evaluation/predictions.csv``), and the spread of a configuration over calibration samples
-(``data.seed``)."""
+(artifact ``evaluation/predictions.csv``; a device run's ``device/predictions.csv``), and the spread of a
+configuration over calibration samples (``data.seed``)."""
 
 from __future__ import annotations
 
@@ -20,21 +20,39 @@ from resnet8ptq.tracking.models import quiet_downloads
 
 log = logging.getLogger(__name__)
 
+Source = tuple[str, str]
+"""Where a run's predictions are: (artifact path, column)."""
+REFERENCE_PREDICTIONS: Source = (f"{EVALUATION_DIR}/{PREDICTIONS_FILE}", "predicted")
+DEVICE_PREDICTIONS: Source = ("device/predictions.csv", "device")  # the first noise draw's (seed 0)
 
-def load_correctness(client: MlflowClient, run_ids: list[str]) -> dict[str, np.ndarray]:
-    """Per-image correctness (bool array in test-set order) of every run that logged its predictions on the
-    same test images; runs without the artifact (logged before it existed) or on other images are left out."""
+
+def prediction_sources(table: pd.DataFrame) -> dict[str, Source]:
+    """Where each run's predictions of the accuracy the report compares are: the reference's, or a device
+    run's on the device. A device run whose accuracy is a mean over noise draws that differ
+    (``accuracy_device_std`` > 0) has none: its predictions file holds one draw, which does not stand for
+    the mean."""
+    noisy = table["on_device"] & (table["accuracy_device_std"].fillna(0) > 0)
+    return {
+        row.run_id: DEVICE_PREDICTIONS if row.on_device else REFERENCE_PREDICTIONS
+        for row in table[~noisy].itertuples()
+    }
+
+
+def load_correctness(client: MlflowClient, sources: dict[str, Source]) -> dict[str, np.ndarray]:
+    """Per-image correctness (bool array in test-set order) of every run (``sources``: run id -> where its
+    predictions are) that logged its predictions on the same test images; runs without the artifact (logged
+    before it existed) or on other images are left out."""
     correct: dict[str, np.ndarray] = {}
     labels: dict[str, np.ndarray] = {}
     with tempfile.TemporaryDirectory() as scratch, quiet_downloads():
-        for run_id in run_ids:
+        for run_id, (artifact, column) in sources.items():
             try:
-                path = client.download_artifacts(run_id, f"{EVALUATION_DIR}/{PREDICTIONS_FILE}", scratch)
+                path = client.download_artifacts(run_id, artifact, scratch)
                 frame = pd.read_csv(path, index_col="image").sort_index()
+                correct[run_id] = (frame[column] == frame["label"]).to_numpy()
             except (MlflowException, OSError, ValueError, KeyError) as err:
                 log.debug("No predictions for run %s: %s", run_id, err)
                 continue
-            correct[run_id] = (frame["predicted"] == frame["label"]).to_numpy()
             labels[run_id] = frame["label"].to_numpy()
             Path(path).unlink(missing_ok=True)
     if not labels:
@@ -65,7 +83,7 @@ def paired_tests(table: pd.DataFrame, correct: dict[str, np.ndarray]) -> pd.Data
         "p_vs_fp32",
     )
     if len(own):
-        best = own.sort_values(["accuracy", "label"], ascending=[False, True], kind="stable").iloc[0]
+        best = own.sort_values(["accuracy_pct", "label"], ascending=[False, True], kind="stable").iloc[0]
         _fill(table, [(i, best["run_id"]) for i in own.index if i != best.name], correct, "p_vs_best")
     published = tested[tested["quantized"]].drop(own.index)
     if len(published) == 1:

@@ -36,7 +36,7 @@ from resnet8ptq.report.sections import (
     significance_section,
     tradeoff_section,
 )
-from resnet8ptq.report.significance import load_correctness, paired_tests
+from resnet8ptq.report.significance import load_correctness, paired_tests, prediction_sources
 from resnet8ptq.report.widths import accuracy_map_section, algorithm_section
 from resnet8ptq.tracking.runs import REUSED_TAG_PREFIX
 from resnet8ptq.tracking.search import search_all
@@ -51,6 +51,11 @@ COLUMNS_NOTE = (
     "`95% CI`: Wilson interval of the accuracy; `p vs FP32`: exact McNemar test against the backend's FP32 "
     "model on the same test images, Holm-adjusted over the configurations (`*`: significant at 0.05); "
     "see [Significance](#significance)."
+)
+DEVICE_COLUMNS_NOTE = (
+    "Accuracy on the device: `accuracy_device` for a device run (its interval over the noise draws when "
+    "there are several; `p vs FP32` on the device's predictions), the reference accuracy for the other "
+    "rows; `reference (%)`: the reference semantics of the same quantized model."
 )
 
 
@@ -74,6 +79,7 @@ def markdown(report: Report) -> str:
         parts += search_section(report) + mixed_precision_section(report) + budget_section(report)
     if len(table):
         parts += ["## Comparison", comparison_rows(table, report.max_drop_points).markdown(), COLUMNS_NOTE]
+        parts += [DEVICE_COLUMNS_NOTE] if table["on_device"].any() else []
         parts += published_section(table) + execution_section(table)
     if report.has_results:
         parts += significance_section(table)
@@ -87,9 +93,10 @@ def markdown(report: Report) -> str:
 
 
 def tested_table(client: MlflowClient, frame: pd.DataFrame) -> pd.DataFrame:
-    """The comparison table of the runs, with the paired tests of their logged predictions."""
+    """The comparison table of the runs, with the paired tests of their logged predictions (a device run's on
+    the device)."""
     table = comparison_table(frame)
-    return paired_tests(table, load_correctness(client, table["run_id"].tolist()))
+    return paired_tests(table, load_correctness(client, prediction_sources(table)))
 
 
 def _finish(report: Report, client: MlflowClient, parent_run_id: str | None) -> Path | None:

@@ -96,7 +96,8 @@ def table(store: tuple[MlflowClient, str, dict[str, str]]) -> pd.DataFrame:
 
 def test_predictions_are_read_back_as_logged(store: tuple[MlflowClient, str, dict[str, str]]) -> None:
     client, _, ids = store
-    correct = significance.load_correctness(client, list(ids.values()))
+    sources = dict.fromkeys(ids.values(), significance.REFERENCE_PREDICTIONS)
+    correct = significance.load_correctness(client, sources)
     assert set(correct) == {ids[name] for name in RUNS if name != "no-predictions"}
     assert np.array_equal(correct[ids["worse"]], RUNS["worse"][2])
 
@@ -167,7 +168,7 @@ def test_int8_configurations_against_the_published_model() -> None:
         [
             {"run_id": name, "label": name, "backend": "tflite", "quantized": q, "reference": ref,
              "activation": act, "weight": act, "activation_bits": bits, "weight_bits": bits,
-             "accuracy": right.mean()}
+             "accuracy": right.mean(), "accuracy_pct": 100 * right.mean()}
             for name, (q, ref, act, bits, right) in rows.items()
         ]
     ).set_index("run_id", drop=False)  # fmt: skip
