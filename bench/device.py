@@ -23,24 +23,13 @@ import onnxruntime as ort
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from _devices import DEVICES  # noqa: E402  (bench/_devices.py)
 from _int8 import canonical_model, inputs, quantized_int8  # noqa: E402  (bench/_int8.py)
 
 from resnet8ptq.backends.onnx.integer import integer_model  # noqa: E402
-from resnet8ptq.device.config import DeviceConfig  # noqa: E402
 from resnet8ptq.device.evaluate import adc_steps, arithmetic  # noqa: E402
 from resnet8ptq.device.executor import execute  # noqa: E402
 from resnet8ptq.hardware import detect  # noqa: E402
-
-DEVICES = {
-    "integer": (DeviceConfig(kind="integer"), 10_000),
-    "cim rows=128 adc=4": (DeviceConfig(kind="cim", rows=128, adc_bits=4), 10_000),
-    "cim rows=128 adc=8 dac=1 4x2": (
-        DeviceConfig(kind="cim", rows=128, adc_bits=8, dac_bits=1, bits_per_cell=4, cells_per_weight=2),
-        1_000,
-    ),
-    "cim noise 0.02 x5 draws": (DeviceConfig(kind="cim", weight_noise=0.02, noise_seeds=5), 10_000),
-}
-"""Each device and the test images it is timed on."""
 
 
 def main() -> None:
@@ -68,7 +57,11 @@ def main() -> None:
                 start = time.perf_counter()
                 for seed in range(device.seeds):
                     execute(
-                        model, images[:count], arithmetic(device, seed, steps[key]), device.images_per_step
+                        model,
+                        images[:count],
+                        arithmetic(device, seed, steps[key]),
+                        device.images_per_step,
+                        device="cpu",
                     )
                 seconds[key].append((time.perf_counter() - start) / count)
     base, integer = statistics.median(seconds["ORT reference"]), statistics.median(seconds["integer"])

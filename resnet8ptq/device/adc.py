@@ -90,9 +90,10 @@ def magnitude_bin(magnitude: torch.Tensor) -> torch.Tensor:
     return index.clamp_(0, BINS - 1).to(torch.int64)
 
 
-def signed_bin(values: torch.Tensor) -> torch.Tensor:
-    """The signed histogram's bin of each integer-valued sum."""
-    index = magnitude_bin(values.abs())
+def signed_bin(values: torch.Tensor, exact: bool = False) -> torch.Tensor:
+    """The signed histogram's bin of each integer-valued sum; ``exact``: every |sum| is below 2^10 (its bin
+    is itself, no logarithm needed)."""
+    index = values.abs().to(torch.int64) if exact else magnitude_bin(values.abs())
     return torch.where(values < 0, BINS - 1 - index, BINS + index)
 
 
@@ -170,11 +171,15 @@ class PartialSumProfile:
         self.counts: dict[str, torch.Tensor] = {}
 
     def add(self, name: str, geometry: Geometry, partial: torch.Tensor) -> None:
-        """Add a batch of one layer's partial sums (slices·N, columns, H', W')."""
-        values = partial.detach().transpose(0, 1).reshape(geometry.columns, -1)
-        low, high = (v.to(torch.float64).cpu() for v in torch.aminmax(values, dim=1))
-        offsets = torch.arange(geometry.columns, device=values.device)[:, None] * (2 * BINS)
-        index = (signed_bin(values) + offsets).reshape(-1)
+        """Add a batch of one layer's partial sums (slices·N, columns, H', W'), in place of their layout (no
+        transposed copy)."""
+        values = partial.detach()
+        dims = [0, *range(2, values.dim())]
+        low, high = (v.to(torch.float64).cpu() for v in (values.amin(dim=dims), values.amax(dim=dims)))
+        shape = [1, geometry.columns] + [1] * (values.dim() - 2)
+        offsets = (torch.arange(geometry.columns, device=values.device) * (2 * BINS)).reshape(shape)
+        exact = max(-float(low.min()), float(high.max())) < EXACT_BINS  # every sum in an integer bin
+        index = (signed_bin(values, exact) + offsets).reshape(-1)
         counts = torch.bincount(index, minlength=geometry.columns * 2 * BINS).reshape(-1, 2 * BINS).cpu()
         if name in self.counts:
             self.low[name] = torch.minimum(self.low[name], low)

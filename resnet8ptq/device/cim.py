@@ -39,7 +39,7 @@ import torch.nn.functional as F
 
 from resnet8ptq.device.adc import Geometry, LayerSteps, PartialSumProfile
 from resnet8ptq.device.config import Crossbar
-from resnet8ptq.device.executor import EXACT_FLOAT32, Arithmetic
+from resnet8ptq.device.executor import EXACT_FLOAT32, Arithmetic, integer_conv2d
 from resnet8ptq.device.graph import Conv
 
 
@@ -63,13 +63,18 @@ def slices(values: torch.Tensor, bits: int, total_bits: int, signed: bool) -> li
     if signed:
         as_int = torch.where(as_int < 0, as_int + (1 << total_bits), as_int)
     digits = []
-    for low in range(0, total_bits, bits):
+    for low in slice_shifts(bits, total_bits):
         width = min(bits, total_bits - low)
         digit = (as_int >> low) & ((1 << width) - 1)
         if signed and low + width == total_bits:  # the sign digit: two's complement of its width
             digit = torch.where(digit >= 1 << (width - 1), digit - (1 << width), digit)
         digits.append((digit.to(values.dtype), low))
     return digits
+
+
+def slice_shifts(bits: int, total_bits: int) -> list[int]:
+    """The significance (shift) of each ``bits``-bit digit of a ``total_bits`` value, lowest first."""
+    return list(range(0, total_bits, bits)) if bits < total_bits else [0]
 
 
 def value_bits(low: int, high: int) -> tuple[int, bool]:
@@ -156,7 +161,10 @@ class CrossbarArithmetic(Arithmetic):
                 largest = max(largest, float(masked.abs().sum(dim=(1, 2, 3)).max()))
                 tiles.append((channels, masked))
             largest *= 2.0 ** min(c.dac_bits, in_bits)
-            dtype = torch.float32 if largest < EXACT_FLOAT32 else torch.float64
+            # Noisy cells are not integers: float64, whose rounding error (2^-53 relative) is far below any
+            # ADC step, so that a noisy chip reads the same on every kernel (CPU or GPU) but for rare ties.
+            exact = largest < EXACT_FLOAT32 and not c.weight_noise
+            dtype = torch.float32 if exact else torch.float64
             self._tiled[layer.name] = ([(ch, w.to(dtype=dtype, device=device)) for ch, w in tiles], largest)
         return self._tiled[layer.name]
 
@@ -181,7 +189,7 @@ class CrossbarArithmetic(Arithmetic):
         w_significance = torch.tensor([2.0**ws for ws in w_shifts], dtype=sum_dtype, device=x.device)
         acc, profiled = None, []
         for tile, (channels, weight) in enumerate(tiles):
-            partial = F.conv2d(padded[:, channels], weight, stride=layer.stride)
+            partial = integer_conv2d(padded[:, channels], weight, layer.stride)
             if self.profile is not None:
                 profiled.append(partial.clone())
             read = self.adc(layer, tile, partial)

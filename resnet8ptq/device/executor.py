@@ -12,7 +12,8 @@ integer operations of TFLite's reference kernels (:mod:`.fixed_point`), bit for 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -46,16 +47,45 @@ def exact_dtype(weight: np.ndarray, input_bound: int, extra: int = 0) -> torch.d
     return torch.float32 if largest + extra < EXACT_FLOAT32 else torch.float64
 
 
+def integer_conv2d(
+    x: torch.Tensor, weight: torch.Tensor, stride: tuple[int, int] | int, gemm: bool | None = None
+) -> torch.Tensor:
+    """An unpadded convolution of integer-valued floats, exact while every partial sum stays below the
+    type's integer limit (:func:`exact_dtype`). On the CPU, torch's convolution (oneDNN's direct algorithm);
+    with ``gemm`` (the default on CUDA, where cuDNN may pick Winograd or FFT kernels, which are not exact) an
+    im2col matrix product in C_in-major (c, kh, kw) order with TF32 off."""
+    if not (x.is_cuda if gemm is None else gemm):
+        return F.conv2d(x, weight, stride=stride)
+    kernel, (height, width) = weight.shape[2:], x.shape[2:]
+    stride = (stride, stride) if isinstance(stride, int) else tuple(stride)
+    columns = F.unfold(x, kernel, stride=stride)  # (N, C·kh·kw, L)
+    out = (height - kernel[0]) // stride[0] + 1, (width - kernel[1]) // stride[1] + 1
+    with exact_matmul():
+        product = weight.reshape(len(weight), -1) @ columns  # (N, O, L)
+    return product.reshape(len(x), len(weight), *out)
+
+
+@contextmanager
+def exact_matmul() -> Iterator[None]:
+    """TF32 off for CUDA matrix products while inside (torch's default, kept against a changed global)."""
+    saved = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = saved
+
+
 def float_conv(
     layer: Conv, x: torch.Tensor, weight: np.ndarray | torch.Tensor, dtype: torch.dtype
 ) -> torch.Tensor:
     """The integer convolution of ``x`` (centred) with integer ``weight`` (O, I, kh, kw), in ``dtype`` (exact:
-    :func:`exact_dtype`); zero padding, as the centred input's zero point is 0."""
+    :func:`exact_dtype`), on ``x``'s device; zero padding, as the centred input's zero point is 0."""
     top, bottom, left, right = layer.padding
     padded = F.pad(x.to(dtype), (left, right, top, bottom))
     if isinstance(weight, np.ndarray):
         weight = torch.from_numpy(np.ascontiguousarray(weight))
-    return F.conv2d(padded, weight.to(dtype), stride=layer.stride)
+    return integer_conv2d(padded, weight.to(dtype=dtype, device=x.device), layer.stride)
 
 
 def input_bound(layer: Conv) -> int:
@@ -73,9 +103,11 @@ class Ideal(Arithmetic):
         return float_conv(layer, x, weight, dtype)
 
 
-def per_channel(values: np.ndarray, dtype: torch.dtype = torch.int64) -> torch.Tensor:
+def per_channel(
+    values: np.ndarray, dtype: torch.dtype = torch.int64, device: torch.device | str = "cpu"
+) -> torch.Tensor:
     """(O,) parameters shaped to broadcast over NCHW."""
-    return torch.from_numpy(np.asarray(values)).to(dtype).reshape(1, -1, 1, 1)
+    return torch.from_numpy(np.asarray(values)).to(dtype=dtype, device=device).reshape(1, -1, 1, 1)
 
 
 def requantize_exact(
@@ -102,17 +134,17 @@ def requantize_exact(
     band = np.full(len(shift), relevant * 2.0 ** (-22 if dtype == torch.float32 else -50))
     if rounding == "double":
         band += np.exp2(-(np.maximum(-shift, 0) + 1.0))
-    estimate = acc * per_channel(effective_scale(multiplier, shift), dtype)
+    estimate = acc * per_channel(effective_scale(multiplier, shift), dtype, acc.device)
     rounded = torch.round(estimate)
     estimate -= rounded  # now the rounding's residual, in [-0.5, 0.5]
-    uncertain = estimate.abs_() >= per_channel(0.5 - band, dtype)
+    uncertain = estimate.abs_() >= per_channel(0.5 - band, dtype, acc.device)
     if bool(uncertain.any()):
         index = uncertain.nonzero(as_tuple=True)
         channel = index[1]
         exact = ROUNDINGS[rounding](
             acc[index].to(torch.int64),
-            torch.from_numpy(multiplier.copy())[channel],
-            torch.from_numpy(shift.copy())[channel],
+            torch.from_numpy(multiplier.copy()).to(acc.device)[channel],
+            torch.from_numpy(shift.copy()).to(acc.device)[channel],
         )
         rounded[index] = exact.to(dtype)
     return (rounded + zero_point).clamp_(low, high).to(torch.float32)
@@ -136,13 +168,15 @@ def requantize_residual(layer: Conv, acc: torch.Tensor, residual: torch.Tensor) 
     res = layer.residual
     fraction = RESIDUAL_FRACTION_BITS
     conv_term = multiply_by_quantized_multiplier_single_rounding(
-        acc.to(torch.int64), per_channel(layer.multiplier), per_channel(layer.shift)
+        acc.to(torch.int64),
+        per_channel(layer.multiplier, device=acc.device),
+        per_channel(layer.shift, device=acc.device),
     )
     values = np.arange(res.quant.qmin, res.quant.qmax + 1, dtype=np.int64)
     table = multiply_by_quantized_multiplier_single_rounding(
         values - res.quant.zero_point, res.multiplier, res.shift
     )
-    residual_term = torch.from_numpy(table)[(residual - res.quant.qmin).to(torch.int64)]
+    residual_term = torch.from_numpy(table).to(acc.device)[(residual - res.quant.qmin).to(torch.int64)]
     out = (conv_term + residual_term + (1 << (fraction - 1))) >> fraction
     return (out + layer.output_quant.zero_point).clamp_(layer.act_min, layer.act_max).to(torch.float32)
 
@@ -150,13 +184,14 @@ def requantize_residual(layer: Conv, acc: torch.Tensor, residual: torch.Tensor) 
 def add(layer: Add, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """TFLite's integer add (reference ``AddElementwise``): each input's rescaling is a table over its 256
     integer values, their sum (int64, exact in float64) requantized to the output."""
-    total = torch.zeros((), dtype=torch.float64)
+    total = torch.zeros((), dtype=torch.float64, device=a.device)
     for x, q, multiplier, shift in zip(
         (a, b), layer.input_quants, layer.input_multipliers, layer.input_shifts, strict=True
     ):
         values = np.arange(q.qmin, q.qmax + 1, dtype=np.int64)
         table = ROUNDINGS[layer.rounding]((values - q.zero_point) << layer.left_shift, multiplier, shift)
-        total = total + torch.from_numpy(table.astype(np.float64))[(x - q.qmin).to(torch.int64)]
+        table = torch.from_numpy(table.astype(np.float64)).to(x.device)
+        total = total + table[(x - q.qmin).to(torch.int64)]
     return requantize_exact(
         total,
         np.array([layer.output_multiplier]),
@@ -223,7 +258,7 @@ def run_layer(layer: Layer, tensors: dict[str, torch.Tensor], arithmetic: Arithm
         elif layer.dense:
             x = x.reshape(*x.shape, 1, 1)
         acc = arithmetic.accumulate(layer, x - layer.input_quant.zero_point)
-        acc += per_channel(layer.bias, acc.dtype)
+        acc += per_channel(layer.bias, acc.dtype, acc.device)
         tensors["acc:" + layer.name] = acc
         if layer.residual is not None:
             return requantize_residual(layer, acc, tensors[layer.residual.tensor])
@@ -237,6 +272,12 @@ def run_layer(layer: Layer, tensors: dict[str, torch.Tensor], arithmetic: Arithm
     raise TypeError(f"Unknown layer {layer!r}")
 
 
+def compute_device() -> torch.device:
+    """Where the integer model runs: the first CUDA GPU torch sees, else the CPU (the results are the same
+    integers on both: every kernel is exact, :func:`integer_conv2d`)."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
 def execute(
     model: IntegerModel,
     images: np.ndarray,
@@ -244,28 +285,32 @@ def execute(
     batch_size: int = 500,
     trace_images: int = 0,
     progress: Callable[[int], None] | None = None,
+    device: torch.device | str | None = None,
 ) -> tuple[np.ndarray, Trace]:
     """The model's int logits (N, classes) for NHWC float32 ``images`` on ``arithmetic`` (default
-    :class:`Ideal`), batch by batch; with ``trace_images``, every layer's output and accumulators for the
-    first that many images. ``progress`` is called with each batch's size."""
+    :class:`Ideal`), batch by batch, computed on ``device`` (default: :func:`compute_device`) and returned
+    on the CPU; with ``trace_images``, every layer's output and accumulators for the first that many images.
+    ``progress`` is called with each batch's size."""
     arithmetic = arithmetic or Ideal()
+    device = compute_device() if device is None else device
     if trace_images > batch_size:
         raise ValueError(f"trace_images={trace_images} must fit in one batch ({batch_size}).")
     logits, trace = [], Trace()
     with torch.inference_mode():
         for start in range(0, len(images), batch_size):
-            tensors = {model.input: quantize_input(model, images[start : start + batch_size])}
+            tensors = {model.input: quantize_input(model, images[start : start + batch_size]).to(device)}
             for layer in model.layers:
                 tensors[layer.output] = run_layer(layer, tensors, arithmetic)
             keep = trace_images - start
             if keep > 0:
                 for layer in model.layers:
-                    trace.outputs.setdefault(model.input, tensors[model.input][:keep].to(torch.int64))
-                    trace.outputs[layer.output] = tensors[layer.output][:keep].to(torch.int64)
+                    trace.outputs.setdefault(model.input, tensors[model.input][:keep].to(torch.int64).cpu())
+                    trace.outputs[layer.output] = tensors[layer.output][:keep].to(torch.int64).cpu()
                     if isinstance(layer, Conv):
-                        trace.accumulators[layer.name] = tensors["acc:" + layer.name][:keep].to(torch.int64)
+                        acc = tensors["acc:" + layer.name][:keep]
+                        trace.accumulators[layer.name] = acc.to(torch.int64).cpu()
             last = tensors[model.output]
-            logits.append(last.reshape(len(last), -1).to(torch.int64).numpy())
+            logits.append(last.reshape(len(last), -1).to(torch.int64).cpu().numpy())
             if progress:
                 progress(len(tensors[model.output]))
     return np.concatenate(logits), trace

@@ -11,7 +11,7 @@ import torch
 from resnet8ptq.device.adc import Geometry, LayerSteps
 from resnet8ptq.device.cim import CrossbarArithmetic, slices, tile_sizes
 from resnet8ptq.device.config import Crossbar, DeviceConfig
-from resnet8ptq.device.executor import Ideal, requantize_exact
+from resnet8ptq.device.executor import Ideal, integer_conv2d, requantize_exact
 from resnet8ptq.device.fixed_point import (
     ROUNDINGS,
     multiply_by_quantized_multiplier,
@@ -134,6 +134,27 @@ def test_ideal_crossbar_equals_integer_accumulators(crossbar: Crossbar) -> None:
     x = centred_input(rng, layer)
     expected = Ideal().accumulate(layer, x)
     assert torch.equal(CrossbarArithmetic(crossbar).accumulate(layer, x).to(expected.dtype), expected)
+
+
+@pytest.mark.parametrize(("kernel", "stride", "size"), [(3, 1, 10), (3, 2, 17), (1, 2, 8), (1, 1, 1)])
+def test_the_gemm_convolution_equals_torch_conv(kernel: int, stride: int, size: int) -> None:
+    """The im2col product (the CUDA path, run here on the CPU) gives the same integers as torch's conv,
+    for every kernel, stride and shape of ResNet8 (a dense layer is a 1x1 conv on a 1x1 input)."""
+    rng = np.random.default_rng(7)
+    x = torch.from_numpy(rng.integers(-128, 128, (3, 5, size, size)).astype(np.float32))
+    weight = torch.from_numpy(rng.integers(-127, 128, (6, 5, kernel, kernel)).astype(np.float32))
+    expected = torch.nn.functional.conv2d(x, weight, stride=stride)
+    assert torch.equal(integer_conv2d(x, weight, stride, gemm=True), expected)
+    assert torch.equal(integer_conv2d(x, weight, stride), expected)  # on the CPU: torch's conv
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_gives_the_cpu_integers() -> None:
+    rng = np.random.default_rng(8)
+    layer = conv_layer(rng)
+    x = centred_input(rng, layer)
+    for arithmetic in (Ideal(), CrossbarArithmetic(Crossbar(rows=50, dac_bits=2, cells_per_weight=2))):
+        assert torch.equal(arithmetic.accumulate(layer, x.cuda()).cpu(), arithmetic.accumulate(layer, x))
 
 
 def test_adc_and_noise_change_the_accumulators() -> None:
