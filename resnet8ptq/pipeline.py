@@ -30,6 +30,7 @@ from resnet8ptq.data import (
     MD5_CACHE,
     PYTHON_DIR,
     Cifar10,
+    calibration_indices,
     calibration_set,
     load_cifar10,
     to_model_input,
@@ -221,8 +222,9 @@ def run(cfg: DictConfig, output_dir: Path, extra_tags: Mapping[str, str] | None 
         model = model_record(cfg, backend, quantized.path, test_images, inputs.quantized)
         records.log_quantized(record, run_id, run_name, cfg, made, evaluation, model)
         if device_result is not None:
+            sample = calibration_sample(data, cfg.data.calib_per_class, cfg.data.seed)
             records.log_device(
-                record, run_id, device_result, integer, test_images, result.reference.predictions
+                record, run_id, device_result, integer, test_images, result.reference.predictions, sample
             )
         if mcu_result is not None:
             records.log_mcu(run_id, mcu_result, output_dir)
@@ -420,6 +422,17 @@ def source_path(backend: Backend, canonical: CanonicalModel, onnx_path: Path) ->
     """The FP32 file the backend starts from (:attr:`Backend.SOURCE`): ``onnx_path`` (the canonical ONNX
     model, or the `algo` steps' transform of it), or the .h5 for a backend that converts Keras itself."""
     return canonical.h5_path if backend.SOURCE == KERAS_SOURCE else onnx_path
+
+
+def calibration_sample(data: Cifar10, per_class: int, seed: int) -> dict[str, object]:
+    """Which training images the calibration sample is, for a hardware team's export (crossbar.json)."""
+    return {
+        "split": "CIFAR-10 training batches data_batch_1..5, concatenated in file order (50,000 images)",
+        "per_class": per_class,
+        "seed": seed,
+        "indices": calibration_indices(data.train_labels, per_class, seed).tolist(),
+        "images": "NHWC raw 0-255 pixels as the model takes them (no normalisation)",
+    }
 
 
 def log_published_once(

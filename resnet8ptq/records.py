@@ -286,15 +286,17 @@ def log_device(
     model: IntegerModel,
     test_images: np.ndarray,
     reference_predictions: np.ndarray,
+    calibration: dict[str, object],
 ) -> None:
     """A device run's record (`device` != none): accuracy on the device over its noise draws, the reader of
     the integer form, and the artifacts ``device/``: every test image's label with the reference's and the
     device's prediction, the accuracy of each noise draw, the ADC steps, and the integer parameters with
-    golden vectors (:func:`resnet8ptq.device.export.export`)."""
+    golden vectors (:func:`resnet8ptq.device.export.export`); for a crossbar, ``crossbar.json`` with the
+    ``calibration`` sample's description (:func:`resnet8ptq.device.export.export_crossbar`)."""
     import pandas as pd
 
     from resnet8ptq.device.adc import adc_table
-    from resnet8ptq.device.export import export
+    from resnet8ptq.device.export import export, export_crossbar
 
     out_dir = context.output_dir / "device"
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -317,6 +319,8 @@ def log_device(
         table.to_csv(sqnr, index=False)
         files.append(sqnr)
     files += export(model, test_images, out_dir)
+    if result.device is not None and result.device.kind == "cim":
+        files.append(export_crossbar(model, result.device, calibration, out_dir))
     log_metrics(run_id, result.metrics())
     worst = {"device.worst_layer": result.worst_layer} if result.layer_sqnr else {}
     set_tags(run_id, {"device.source": model.source, **worst})

@@ -35,6 +35,7 @@ class DeviceResult:
     adc_steps: dict[str, LayerSteps] = field(default_factory=dict)  # per layer: the ADC steps
     layer_sqnr: dict[str, float] = field(default_factory=dict)  # per layer: the device vs the ideal (dB)
     seconds: float = 0.0
+    device: DeviceConfig | None = None  # the device evaluated
 
     @property
     def accuracy(self) -> float:
@@ -182,4 +183,5 @@ def evaluate_device(
         adc_steps=steps,
         layer_sqnr=sqnr,
         seconds=time.perf_counter() - start,
+        device=device,
     )

@@ -21,6 +21,7 @@ from resnet8ptq.backends.tflite.litert_runner import quantize
 from resnet8ptq.data import Cifar10, to_model_input
 from resnet8ptq.device.executor import execute
 from tests.integration.conftest import Sweeps
+from tests.integration.export_reader import rebuild
 
 DIFFERING_LIMITS = {"onnx": 100, "torch": 300}
 """Test images whose prediction may differ between the integer form and the QDQ reference (of 10,000):
@@ -111,100 +112,6 @@ def test_tflite_layers_bit_exact(
     for name in [integer.input, *layers]:
         ours = trace.outputs[name].numpy().reshape(reference[name].shape)
         assert np.array_equal(ours, reference[name]), (name, int((ours != reference[name]).sum()))
-
-
-# --- golden vectors, rebuilt by NumPy from the exported parameters alone ----------------------------------
-
-
-def mbqm(x: np.ndarray, multiplier: np.ndarray, shift: np.ndarray, rounding: str) -> np.ndarray:
-    """TFLite's MultiplyByQuantizedMultiplier as written in integer_model.json's scheme, in int64 NumPy."""
-    x, multiplier, shift = (np.asarray(v, np.int64) for v in (x, multiplier, shift))
-    if rounding == "single":
-        return (x * multiplier + (np.int64(1) << (30 - shift))) >> (31 - shift)
-    product = (x << np.maximum(shift, 0)) * multiplier
-    total = product + np.where(product >= 0, 1 << 30, 1 - (1 << 30))
-    high = np.sign(total) * (np.abs(total) >> 31)
-    right = np.maximum(-shift, 0)
-    mask = (np.int64(1) << right) - 1
-    return (high >> right) + ((high & mask) > (mask >> 1) + (high < 0))
-
-
-def numpy_conv(x: np.ndarray, weight: np.ndarray, stride: list[int], padding: list[int]) -> np.ndarray:
-    top, bottom, left, right = padding
-    x = np.pad(x, ((0, 0), (0, 0), (top, bottom), (left, right)))
-    kh, kw = weight.shape[2:]
-    windows = np.lib.stride_tricks.sliding_window_view(x, (kh, kw), axis=(2, 3))[
-        :, :, :: stride[0], :: stride[1]
-    ]
-    return np.einsum("nchwij,ocij->nohw", windows, weight)
-
-
-def rebuild(
-    description: dict, arrays: dict[str, np.ndarray], quantized_input: np.ndarray
-) -> tuple[dict, dict]:
-    """Every layer's output and accumulator, from the exported description alone."""
-    tensors, accumulators = {description["input"]: quantized_input.astype(np.int64)}, {}
-    for layer in description["layers"]:
-        key = f"{layer['index']:02d}/"
-        out_q = layer.get("output_quant")
-        if layer["kind"] == "Conv":
-            x = tensors[layer["input"]]
-            x = (x.reshape(*x.shape, 1, 1) if x.ndim == 2 else x) - layer["input_quant"]["zero_point"]
-            weight = (
-                arrays[key + "weight"].astype(np.int64)
-                - arrays[key + "weight_zero_point"][:, None, None, None]
-            )
-            acc = (
-                numpy_conv(x, weight, layer["stride"], layer["padding"])
-                + arrays[key + "bias"][None, :, None, None]
-            )
-            accumulators[layer["name"]] = acc
-            multiplier = arrays[key + "multiplier"][None, :, None, None]
-            shift = arrays[key + "shift"][None, :, None, None]
-            if out_q is None:
-                out = acc
-            elif layer["residual"]:
-                res = layer["residual"]
-                fraction = 20
-                conv_term = mbqm(acc, multiplier, shift, "single")
-                res_term = mbqm(
-                    tensors[res["tensor"]] - res["quant"]["zero_point"],
-                    res["multiplier"],
-                    res["shift"],
-                    "single",
-                )
-                out = ((conv_term + res_term + (1 << (fraction - 1))) >> fraction) + out_q["zero_point"]
-            else:
-                out = mbqm(acc, multiplier, shift, layer["rounding"]) + out_q["zero_point"]
-            tensors[layer["output"]] = (
-                out if out_q is None else np.clip(out, layer["act_min"], layer["act_max"])
-            )
-        elif layer["kind"] == "Add":
-            total = 0
-            for name, q, m, s in zip(
-                layer["inputs"],
-                layer["input_quants"],
-                layer["input_multipliers"],
-                layer["input_shifts"],
-                strict=True,
-            ):
-                total = total + mbqm(
-                    (tensors[name] - q["zero_point"]) << layer["left_shift"], m, s, layer["rounding"]
-                )
-            out = mbqm(total, layer["output_multiplier"], layer["output_shift"], layer["rounding"])
-            tensors[layer["output"]] = np.clip(out + out_q["zero_point"], layer["act_min"], layer["act_max"])
-        else:  # AveragePool over the whole input
-            x = tensors[layer["input"]]
-            count = x.shape[2] * x.shape[3]
-            total = x.sum(axis=(2, 3), keepdims=True)
-            if layer["half_to_even"]:
-                quotient = total // count
-                rest = 2 * (total - quotient * count)
-                out = quotient + ((rest > count) | ((rest == count) & (quotient % 2 == 1)))
-            else:
-                out = np.sign(total) * ((np.abs(total) + count // 2) // count)
-            tensors[layer["output"]] = np.clip(out, out_q["qmin"], out_q["qmax"])
-    return tensors, accumulators
 
 
 @pytest.mark.parametrize("backend", ["onnx", "torch", "tflite"])

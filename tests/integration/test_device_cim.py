@@ -1,10 +1,13 @@
 """A crossbar sweep on the real model (issues 22, 41): one quantization, two ADC range rules; a 4-bit ADC
 calibrated for least error per column keeps the accuracy that covering the largest sum loses, and its ranges
 are logged per column. An ideal crossbar (tiles, bit-serial inputs, sliced weights, no ADC) predicts exactly
-as the integer device. Its own module, so that it runs in another xdist worker than the shared sweep."""
+as the integer device. The export is a specification: a NumPy reader of its files alone
+(export_reader.py) recomputes a logged crossbar run's predictions, and other crossbars' logits. Its own
+module, so that it runs in another xdist worker than the shared sweep."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -17,11 +20,15 @@ from mlflow.tracking import MlflowClient
 from resnet8ptq.backends.onnx.backend import OnnxRuntimeBackend
 from resnet8ptq.backends.onnx.integer import integer_model
 from resnet8ptq.calibration import CalibConfig
+from resnet8ptq.device.adc import adc_table
 from resnet8ptq.device.cim import CrossbarArithmetic
-from resnet8ptq.device.config import Crossbar
+from resnet8ptq.device.config import Crossbar, DeviceConfig
+from resnet8ptq.device.evaluate import adc_steps, arithmetic
 from resnet8ptq.device.executor import execute
+from resnet8ptq.device.export import export, export_crossbar
 from resnet8ptq.dtype import DtypeConfig
 from resnet8ptq.spec import QuantSpec
+from tests.integration.export_reader import crossbar_accumulate, predict, quantize_input, rebuild
 
 CIM_SWEEP = (
     "-m",
@@ -111,3 +118,83 @@ def test_an_ideal_crossbar_predicts_as_the_integer_device(
     ideal, _ = execute(model, images)
     on_crossbar, _ = execute(model, images, CrossbarArithmetic(crossbar), batch_size=100)
     assert np.array_equal(on_crossbar, ideal)
+
+
+READER_IMAGES = 300
+"""Test images the NumPy reader of the export recomputes (its einsum-free loops cost ~10 ms an image)."""
+
+
+def read_export(directory: Path, images: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The last layer's integers and the predictions, from ``directory``'s files alone (export_reader.py)."""
+    description = json.loads((directory / "integer_model.json").read_text())
+    crossbar = json.loads((directory / "crossbar.json").read_text())
+    with np.load(directory / "integer_model.npz") as npz:
+        arrays = dict(npz)
+    table = pd.read_csv(directory / "adc_steps.csv") if (directory / "adc_steps.csv").exists() else None
+    accumulate = crossbar_accumulate(crossbar, table)
+    tensors, _ = rebuild(description, arrays, quantize_input(description, images), accumulate)
+    logits = tensors[description["layers"][-1]["output"]].reshape(len(images), -1)
+    return logits, predict(description, arrays, logits)
+
+
+def test_the_export_rebuilds_the_crossbar_run(cim_runs: tuple[Path, list[Run]], data, tmp_path: Path) -> None:
+    """The 4-bit least-error run's device/ files, read by NumPy alone, give its logged device predictions
+    (which differ from the reference's on some of these images: the ADC is in the rebuilt arithmetic)."""
+    workdir, (_, run) = cim_runs
+    client = MlflowClient(f"sqlite:///{workdir / 'mlflow.db'}")
+    directory = Path(client.download_artifacts(run.info.run_id, "device", str(tmp_path)))
+    _, images, _ = data
+    _, predicted = read_export(directory, images[:READER_IMAGES])
+    logged = pd.read_csv(directory / "predictions.csv").iloc[:READER_IMAGES]
+    assert (logged["device"] != logged["reference"]).any()
+    assert np.array_equal(predicted, logged["device"].to_numpy())
+    crossbar = json.loads((directory / "crossbar.json").read_text())
+    sample = crossbar["calibration"]
+    assert (sample["per_class"], sample["seed"], len(sample["indices"])) == (100, 42, 1000)
+    assert crossbar["settings"]["adc_bits"] == 4 and "ties to even" in crossbar["conventions"]["adc"]
+
+
+@pytest.mark.parametrize(
+    "device",
+    [
+        DeviceConfig(
+            kind="cim",
+            rows=64,
+            adc_bits=5,
+            dac_bits=2,
+            bits_per_cell=4,
+            cells_per_weight=2,
+            adc_step="free",
+            adc_granularity="tile",
+        ),
+        DeviceConfig(
+            kind="cim",
+            rows=100,
+            adc_bits=6,
+            adc_range="max",
+            adc_granularity="layer",
+            adc_window="symmetric",
+            accumulator_bits=16,
+        ),
+    ],
+    ids=["bit-serial-sliced-free-tile", "layer-symmetric-saturating"],
+)
+def test_the_export_specifies_other_crossbars(
+    device: DeviceConfig, canonical_model, data, tmp_path: Path
+) -> None:
+    """Bit-serial inputs, sliced weights, free steps per tile; one symmetric range per layer and a 16-bit
+    accumulator that saturates: the reader's logits equal the crossbar model's, integer for integer."""
+    calibration, images, _ = data
+    images = images[:100]
+    spec = QuantSpec(DtypeConfig("int8", "int8"), CalibConfig("minmax"), per_channel=True)
+    quantized = OnnxRuntimeBackend(native=False).quantize(
+        canonical_model.onnx_path, calibration, spec, tmp_path
+    )
+    model = integer_model(quantized.path)
+    steps = adc_steps(model, device, calibration[:200])  # any sample: the test checks the reader
+    logits, _ = execute(model, images, arithmetic(device, 0, steps), device.images_per_step)
+    export(model, images, tmp_path / "device")
+    export_crossbar(model, device, {"per_class": 100, "seed": 42}, tmp_path / "device")
+    adc_table(steps).to_csv(tmp_path / "device" / "adc_steps.csv", index=False)
+    rebuilt, _ = read_export(tmp_path / "device", images)
+    assert np.array_equal(rebuilt, logits)

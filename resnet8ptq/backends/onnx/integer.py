@@ -129,6 +129,7 @@ def integer_model(path: Path) -> IntegerModel:
     first = next(n for n in graph.node if n.op_type == "QuantizeLinear")
     notes = [
         "ONNX Runtime's QDQ model computes each layer in float and quantizes it rounding half to even; the "
-        "integer form accumulates exactly and requantizes in fixed point (TFLite's double rounding)."
+        "integer form accumulates exactly and requantizes in fixed point, each layer's rounding 'single' "
+        "(TFLITE_SINGLE_ROUNDING: x * multiplier * 2^(shift - 31) rounded once, half up)."
     ]
     return lower("onnx-qdq", layers, quants, quantized_of[first.input[0]], windows, notes)
