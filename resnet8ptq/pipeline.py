@@ -135,7 +135,7 @@ def run(cfg: DictConfig, output_dir: Path, extra_tags: Mapping[str, str] | None 
         fp32_record = model_record(cfg, backend, baseline.model.path, test_images, inputs.fp32)
         record = RunContext(experiment_id, params, tags | context, baseline, perf_subset, output_dir)
         records.log_baseline_once(record, backend.NAME, fp32_record)
-        log_published_once(cfg, record, backend, data, mcu)
+        log_published_once(cfg, record, backend, data, mcu, device)
 
         # 3-4. PTQ algorithms on the FP32 model (`algo`), quantize, and evaluate on the full test set: the
         #      reference semantics, and the runtime form on this CPU. Device runs of one quantization (a
@@ -187,30 +187,10 @@ def run(cfg: DictConfig, output_dir: Path, extra_tags: Mapping[str, str] | None 
                 quantized.metrics["layer_analysis_seconds"] = time.perf_counter() - start
 
         # 5. The device (`device`): the saved model's integer form run as the device computes, every image.
-        device_result = None
-        if device.enabled:
-            from resnet8ptq.device.evaluate import evaluate_device  # torch: only for device runs
-
-            integer = backend.integer_model(quantized.path)
-            device_result = evaluate_device(
-                integer,
-                device,
-                test_images,
-                test_labels,
-                calibration_images,
-                result.reference.predictions,
-                perf_subset,
-                run_name,
-                made.adc_profiles,
-            )
-            log.info(
-                "%s: accuracy on device %s %.4f (reference %.4f; %d predictions differ)",
-                run_name,
-                device.label,
-                device_result.accuracy,
-                result.reference.accuracy,
-                device_result.differing_from_reference,
-            )
+        device_result = on_device(
+            cfg, device, backend, quantized.path, data, result.reference.predictions, perf_subset, run_name,
+            made.adc_profiles,
+        )  # fmt: skip
 
         # 6. The microcontroller (`mcu`; TFLite models): every test image in TFLite Micro against the
         #    reference kernels, the tensor arena and flash, the boards it fits, Vela's NPU estimate.
@@ -222,10 +202,7 @@ def run(cfg: DictConfig, output_dir: Path, extra_tags: Mapping[str, str] | None 
         model = model_record(cfg, backend, quantized.path, test_images, inputs.quantized)
         records.log_quantized(record, run_id, run_name, cfg, made, evaluation, model)
         if device_result is not None:
-            sample = calibration_sample(data, cfg.data.calib_per_class, cfg.data.seed)
-            records.log_device(
-                record, run_id, device_result, integer, test_images, result.reference.predictions, sample
-            )
+            records.log_device(record, run_id, device_result, result.reference.predictions)
         if mcu_result is not None:
             records.log_mcu(run_id, mcu_result, output_dir)
     return run_id
@@ -424,6 +401,39 @@ def source_path(backend: Backend, canonical: CanonicalModel, onnx_path: Path) ->
     return canonical.h5_path if backend.SOURCE == KERAS_SOURCE else onnx_path
 
 
+def on_device(
+    cfg: DictConfig,
+    device: DeviceConfig,
+    backend: Backend,
+    path: Path,
+    data: Cifar10,
+    reference_predictions: np.ndarray,
+    perf_subset: np.ndarray,
+    name: str,
+    adc_profiles: dict | None = None,
+) -> records.OnDevice | None:
+    """The model at ``path`` on the run's ``device`` (its integer form, every test image, the ADC ranges from
+    the run's calibration sample; ``adc_profiles``: :func:`resnet8ptq.device.evaluate.adc_steps`); None
+    unless ``device.enabled``."""
+    if not device.enabled:
+        return None
+    from resnet8ptq.device.evaluate import evaluate_device  # torch: only for device runs
+
+    test_images, test_labels = test_set(data)
+    calibration_images, _ = calibration_set(data, cfg.data.calib_per_class, cfg.data.seed)
+    integer = backend.integer_model(path)
+    result = evaluate_device(
+        integer, device, test_images, test_labels, calibration_images, reference_predictions, perf_subset,
+        name, adc_profiles,
+    )  # fmt: skip
+    log.info(
+        "%s: accuracy on device %s %.4f (%d predictions differ from the reference)",
+        name, device.label, result.accuracy, result.differing_from_reference,
+    )  # fmt: skip
+    sample = calibration_sample(data, cfg.data.calib_per_class, cfg.data.seed)
+    return records.OnDevice(result, integer, test_images, sample)
+
+
 def calibration_sample(data: Cifar10, per_class: int, seed: int) -> dict[str, object]:
     """Which training images the calibration sample is, for a hardware team's export (crossbar.json)."""
     return {
@@ -436,11 +446,11 @@ def calibration_sample(data: Cifar10, per_class: int, seed: int) -> dict[str, ob
 
 
 def log_published_once(
-    cfg: DictConfig, record: RunContext, backend: Backend, data: Cifar10, mcu: McuConfig
+    cfg: DictConfig, record: RunContext, backend: Backend, data: Cifar10, mcu: McuConfig, device: DeviceConfig
 ) -> None:
     """Evaluate each quantized model published for the backend's format (:meth:`Backend.published_models`)
-    on the test set like the backend's own (on the microcontroller path too), and log it as a run of its own,
-    once per sweep."""
+    on the test set like the backend's own (on the microcontroller path and the run's ``device`` too), and
+    log it as a run of its own, once per sweep (on the device of the sweep's run that logs it first)."""
     test_images, test_labels = test_set(data)
     inputs = run_inputs(data, cfg.data.calib_per_class, cfg.data.seed)
     for name, published in backend.published_models(Path(cfg.cache_dir)).items():
@@ -453,7 +463,11 @@ def log_published_once(
             on_mcu_result = on_mcu(
                 cfg, mcu, backend, published.path, test_images, result.reference, record.perf_subset, name
             )
-            records.log_published(record, name, published, result, model, on_mcu_result)
+            device_result = on_device(
+                cfg, device, backend, published.path, data, result.reference.predictions,
+                record.perf_subset, f"{name} (published)",
+            )  # fmt: skip
+            records.log_published(record, name, published, result, model, on_mcu_result, device_result)
 
 
 def on_mcu(

@@ -5,7 +5,7 @@ report reads)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -251,6 +251,17 @@ def read_back_tags(quantized: QuantizedModel, result: QuantizedResult) -> dict[s
     }
 
 
+@dataclass
+class OnDevice:
+    """A published model on the run's device: what :func:`log_device` records (``calibration``: the sample
+    the ADC ranges came from, :func:`resnet8ptq.pipeline.calibration_sample`)."""
+
+    result: DeviceResult
+    model: IntegerModel
+    test_images: np.ndarray
+    calibration: dict[str, Any]
+
+
 def log_published(
     context: RunContext,
     name: str,
@@ -258,13 +269,18 @@ def log_published(
     result: QuantizedResult,
     model: ModelRecord,
     mcu: McuResult | None = None,
+    device: OnDevice | None = None,
 ) -> None:
     """Log a published quantized model (``name``: its publisher, e.g. ``mlperf``) as a run of its own (tags
-    ``reference=<name>``, quantized=true), evaluated like the backend's models; Δ against the backend's FP32.
-    Not logged: what the tool did not do (calibration, quantization, layer errors, config_hash)."""
+    ``reference=<name>``, quantized=true), evaluated like the backend's models; Δ against the backend's FP32;
+    with ``device``, its accuracy on the sweep's device and the same ``device/`` export as a device run (the
+    run's ``device.*`` tags say which device). Not logged: what the tool did not do (calibration,
+    quantization, layer errors, config_hash)."""
     run_name = f"{name}-{published.activation_dtype}-published"
     run_params, run_tags = unquantized(context.params, context.tags)
     run_tags |= {"quantized": "true", REFERENCE_TAG: name}
+    if device is not None:
+        run_tags |= {k: v for k, v in context.tags.items() if k.startswith("device.")}
     with child_run(context.experiment_id, run_name, run_tags, run_params) as run_id:
         metrics = quantized_metrics(published, result, context.baseline, [], context.perf_subset)
         log_metrics(
@@ -277,17 +293,12 @@ def log_published(
         log_artifacts(run_id, [*files, ("model", published.path)])
         if mcu is not None:
             log_mcu(run_id, mcu, evaluation_dir)
+        if device is not None:
+            here = replace(context, output_dir=evaluation_dir)
+            log_device(here, run_id, device, result.reference.predictions)
 
 
-def log_device(
-    context: RunContext,
-    run_id: str,
-    result: DeviceResult,
-    model: IntegerModel,
-    test_images: np.ndarray,
-    reference_predictions: np.ndarray,
-    calibration: dict[str, object],
-) -> None:
+def log_device(context: RunContext, run_id: str, device: OnDevice, reference_predictions: np.ndarray) -> None:
     """A device run's record (`device` != none): accuracy on the device over its noise draws, the reader of
     the integer form, and the artifacts ``device/``: every test image's label with the reference's and the
     device's prediction, the accuracy of each noise draw, the ADC steps, and the integer parameters with
@@ -298,6 +309,7 @@ def log_device(
     from resnet8ptq.device.adc import adc_table
     from resnet8ptq.device.export import export, export_crossbar
 
+    result, model = device.result, device.model
     out_dir = context.output_dir / "device"
     out_dir.mkdir(parents=True, exist_ok=True)
     predictions = out_dir / "predictions.csv"
@@ -318,9 +330,9 @@ def log_device(
         table = pd.DataFrame({"layer": list(result.layer_sqnr), "sqnr_db": list(result.layer_sqnr.values())})
         table.to_csv(sqnr, index=False)
         files.append(sqnr)
-    files += export(model, test_images, out_dir)
+    files += export(model, device.test_images, out_dir)
     if result.device is not None and result.device.kind == "cim":
-        files.append(export_crossbar(model, result.device, calibration, out_dir))
+        files.append(export_crossbar(model, result.device, device.calibration, out_dir))
     log_metrics(run_id, result.metrics())
     worst = {"device.worst_layer": result.worst_layer} if result.layer_sqnr else {}
     set_tags(run_id, {"device.source": model.source, **worst})

@@ -362,8 +362,9 @@ def latest_sweep_run(client: MlflowClient, experiment_name: str) -> str:
 
 def configured(table: pd.DataFrame) -> pd.DataFrame:
     """The quantized runs of configurations this tool made (not published models' runs)."""
-    published = table["reference"].fillna("") != "" if "reference" in table else False
-    return table[table["quantized"] & ~published]
+    if "reference" not in table:
+        return table[table["quantized"]]
+    return table[table["quantized"] & (table["reference"].fillna("") == "")]
 
 
 def int8_configurations(table: pd.DataFrame) -> pd.DataFrame:

@@ -30,19 +30,23 @@ EPYC; the limits leave room for other CPUs' float kernels in the reference."""
 
 
 def device_runs(sweeps: Sweeps) -> dict[str, Run]:
-    runs = [r for r in sweeps.children if r.data.tags.get("device.kind") == "integer"]
+    """backend -> its quantized run on the integer device (not MLPerf Tiny's published model's run)."""
+    runs = [r for r in sweeps.children if r.data.tags.get("device.kind") and "reference" not in r.data.tags]
     return {r.data.tags["backend"]: r for r in runs}
 
 
 def test_every_toolchain_runs_on_the_integer_device(sweeps: Sweeps) -> None:
-    """TFLite: the integer device's accuracy is the reference kernels' exactly, every prediction equal; ORT
-    and PyTorch: a few predictions differ, and the accuracy stays within half a point."""
+    """TFLite: the integer device's accuracy is the reference kernels' exactly, every prediction equal (MLPerf
+    Tiny's published model too, run on the sweep's device); ORT and PyTorch: a few predictions differ, and
+    the accuracy stays within half a point. The FP32 runs have no device."""
     runs = device_runs(sweeps)
     assert set(runs) == {"onnx", "torch", "tflite"}
-    others = [
-        r for r in sweeps.children if r.data.tags["quantized"] == "false" or r.data.tags.get("reference")
-    ]
-    assert others and not [r.info.run_name for r in others if "device.kind" in r.data.tags]
+    fp32 = [r for r in sweeps.children if r.data.tags["quantized"] == "false"]
+    assert fp32 and not [r.info.run_name for r in fp32 if "device.kind" in r.data.tags]
+    (published,) = [r for r in sweeps.children if r.data.tags.get("reference") == "mlperf"]
+    assert (published.data.tags["device.kind"], published.data.tags["device.source"]) == ("integer", "tflite")
+    assert published.data.metrics["accuracy_device"] == published.data.metrics["accuracy"]
+    assert published.data.metrics["device_differing_predictions"] == 0
     for backend, run in runs.items():
         metrics, tags = run.data.metrics, run.data.tags
         assert run.info.run_name.endswith("-int") and tags["device.source"].startswith(backend[:4])
@@ -133,19 +137,27 @@ def test_golden_vectors_rebuild_from_the_export(sweeps: Sweeps, tmp_path: Path, 
 
 
 def test_export_cli_for_any_quantized_run(sweeps: Sweeps, cli_env: dict[str, str], tmp_path: Path) -> None:
-    """`python -m resnet8ptq.export` on MLPerf Tiny's published model's run (not a device run): the files are
-    logged into the run and its golden vectors rebuild from them; an FP32 run is refused."""
+    """`python -m resnet8ptq.export` on MLPerf Tiny's published model's run, into a directory of its own: its
+    golden vectors rebuild from the files it wrote, as those the device sweep logged into that run do; an
+    FP32 run is refused."""
     (published,) = [r for r in sweeps.children if r.data.tags.get("reference") == "mlperf"]
     uri = f"sqlite:///{sweeps.workdir / 'mlflow.db'}"
     command = [sys.executable, "-m", "resnet8ptq.export", "--tracking-uri", uri]
-    done = subprocess.run([*command, published.info.run_id], env=cli_env, capture_output=True, text=True)
+    out = tmp_path / "cli"
+    arguments = [*command, published.info.run_id, "--out", str(out), "--no-log"]
+    done = subprocess.run(arguments, env=cli_env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
-    directory = artifact_dir(sweeps, published, "device", tmp_path)
+    for directory in (out, artifact_dir(sweeps, published, "device", tmp_path)):
+        check_golden(directory)
+    fp32 = next(r for r in sweeps.children if r.data.tags.get("quantized") == "false")
+    refused = subprocess.run([*command, fp32.info.run_id], env=cli_env, capture_output=True, text=True)
+    assert refused.returncode == 2 and "is not a quantized run" in refused.stderr
+
+
+def check_golden(directory: Path) -> None:
+    """The last layer's golden vectors rebuild from ``directory``'s integer_model.json and .npz."""
     description = json.loads((directory / "integer_model.json").read_text())
     with np.load(directory / "integer_model.npz") as npz, np.load(directory / "golden.npz") as golden:
         tensors, _ = rebuild(description, dict(npz), golden["input"])
         last = description["layers"][-1]["output"]
         assert np.array_equal(tensors[last].reshape(golden[f"output/{last}"].shape), golden[f"output/{last}"])
-    fp32 = next(r for r in sweeps.children if r.data.tags.get("quantized") == "false")
-    refused = subprocess.run([*command, fp32.info.run_id], env=cli_env, capture_output=True, text=True)
-    assert refused.returncode == 2 and "is not a quantized run" in refused.stderr
