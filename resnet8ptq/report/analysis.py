@@ -127,14 +127,15 @@ def _fastest_per_machine(table: pd.DataFrame, pool: pd.DataFrame) -> list[Pick |
 
 
 def class_deltas(table: pd.DataFrame) -> pd.DataFrame:
-    """Per-class accuracy change vs the FP32 baseline of the same backend, in points (classes x configs).
-    Device runs are left out: their per-class accuracies are the reference's."""
+    """Per-class accuracy change vs the FP32 baseline of the same backend, in points (classes x configs); a
+    device run's on the device (:func:`~resnet8ptq.report.significance.with_device_classes`), left out where
+    unknown."""
     columns = [f"{CLASS_METRIC}{name}" for name in CLASS_NAMES]
     baselines = table[~table["quantized"]].drop_duplicates("backend").set_index("backend")[columns]
     deltas = {
         row["label"]: (row[columns].to_numpy(float) - baselines.loc[row["backend"]].to_numpy(float)) * 100
-        for _, row in table[table["quantized"] & ~table["on_device"]].iterrows()
-        if row["backend"] in baselines.index
+        for _, row in table[table["quantized"]].iterrows()
+        if row["backend"] in baselines.index and row[columns].notna().all()
     }
     return pd.DataFrame(deltas, index=list(CLASS_NAMES), dtype=float)
 

@@ -14,7 +14,8 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from resnet8ptq.artifacts import EVALUATION_DIR, PREDICTIONS_FILE
-from resnet8ptq.report.runs import TEST_COLUMNS, configured, int8_configurations
+from resnet8ptq.data import CLASS_NAMES
+from resnet8ptq.report.runs import CLASS_METRIC, TEST_COLUMNS, configured, int8_configurations
 from resnet8ptq.statistics import holm, mcnemar
 from resnet8ptq.tracking.models import quiet_downloads
 
@@ -38,10 +39,12 @@ def prediction_sources(table: pd.DataFrame) -> dict[str, Source]:
     }
 
 
-def load_correctness(client: MlflowClient, sources: dict[str, Source]) -> dict[str, np.ndarray]:
+def load_correctness(
+    client: MlflowClient, sources: dict[str, Source]
+) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
     """Per-image correctness (bool array in test-set order) of every run (``sources``: run id -> where its
-    predictions are) that logged its predictions on the same test images; runs without the artifact (logged
-    before it existed) or on other images are left out."""
+    predictions are) that logged its predictions on the same test images, and those images' labels (None
+    without any); runs without the artifact (logged before it existed) or on other images are left out."""
     correct: dict[str, np.ndarray] = {}
     labels: dict[str, np.ndarray] = {}
     with tempfile.TemporaryDirectory() as scratch, quiet_downloads():
@@ -56,9 +59,27 @@ def load_correctness(client: MlflowClient, sources: dict[str, Source]) -> dict[s
             labels[run_id] = frame["label"].to_numpy()
             Path(path).unlink(missing_ok=True)
     if not labels:
-        return {}
+        return {}, None
     reference = max(labels.values(), key=lambda array: sum(np.array_equal(array, o) for o in labels.values()))
-    return {run_id: correct[run_id] for run_id in correct if np.array_equal(labels[run_id], reference)}
+    same = {run_id: correct[run_id] for run_id in correct if np.array_equal(labels[run_id], reference)}
+    return same, reference
+
+
+def with_device_classes(
+    table: pd.DataFrame, correct: dict[str, np.ndarray], labels: np.ndarray | None
+) -> pd.DataFrame:
+    """The table with a device run's per-class accuracies (``class_acc/*``) on the device, from its device
+    predictions (``correct``); NaN where they are not known (no predictions, or a noisy run's mean over
+    draws). The logged ``class_acc/*`` of a device run are its reference's."""
+    table = table.copy()
+    columns = [f"{CLASS_METRIC}{name}" for name in CLASS_NAMES]
+    for index in table.index[table["on_device"]]:
+        run = correct.get(table.at[index, "run_id"])
+        known = run is not None and labels is not None
+        table.loc[index, columns] = (
+            [float(run[labels == k].mean()) for k in range(len(CLASS_NAMES))] if known else np.nan
+        )
+    return table
 
 
 def paired_tests(table: pd.DataFrame, correct: dict[str, np.ndarray]) -> pd.DataFrame:

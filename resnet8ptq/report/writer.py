@@ -36,7 +36,12 @@ from resnet8ptq.report.sections import (
     significance_section,
     tradeoff_section,
 )
-from resnet8ptq.report.significance import load_correctness, paired_tests, prediction_sources
+from resnet8ptq.report.significance import (
+    load_correctness,
+    paired_tests,
+    prediction_sources,
+    with_device_classes,
+)
 from resnet8ptq.report.widths import accuracy_map_section, algorithm_section
 from resnet8ptq.tracking.runs import REUSED_TAG_PREFIX
 from resnet8ptq.tracking.search import search_all
@@ -96,7 +101,8 @@ def tested_table(client: MlflowClient, frame: pd.DataFrame) -> pd.DataFrame:
     """The comparison table of the runs, with the paired tests of their logged predictions (a device run's on
     the device)."""
     table = comparison_table(frame)
-    return paired_tests(table, load_correctness(client, prediction_sources(table)))
+    correct, labels = load_correctness(client, prediction_sources(table))
+    return paired_tests(with_device_classes(table, correct, labels), correct)
 
 
 def _finish(report: Report, client: MlflowClient, parent_run_id: str | None) -> Path | None:

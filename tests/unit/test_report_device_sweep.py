@@ -12,6 +12,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from resnet8ptq.artifacts import EVALUATION_DIR, PREDICTIONS_FILE
+from resnet8ptq.data import CLASS_NAMES
 from resnet8ptq.report import analysis, runs, sections, significance
 from resnet8ptq.report import writer as report
 from resnet8ptq.statistics import mcnemar
@@ -167,9 +168,8 @@ def test_paired_tests_use_the_device_predictions(table: pd.DataFrame) -> None:
 
 
 def test_sections_with_nothing_to_say_are_left_out(markdown: str) -> None:
-    """No model ran on the MCU path; the per-class accuracies of device runs are the reference's."""
+    """No model ran on the MCU path: no Deployability section."""
     assert "## Deployability" not in markdown and "no MCU path" not in markdown
-    assert "## Per-class accuracy" not in markdown
     assert "## On the device" in markdown
     assert "Pareto front, accuracy on the device vs model size: **" in markdown
     assert "is tested on the device's predictions (`device/predictions.csv`)" in markdown
@@ -195,3 +195,17 @@ def test_a_mixed_sweep_ranks_each_run_where_it_runs(store: tuple[MlflowClient, s
         "of the 3 device run(s); the 1 configuration(s) without a device by their reference accuracy" in text
     )
     assert significance.prediction_sources(table)["cpu"] == significance.REFERENCE_PREDICTIONS
+
+
+def test_per_class_accuracy_is_on_the_device(table: pd.DataFrame, markdown: str) -> None:
+    """A device run's per-class accuracies come from its device predictions (the logged class_acc/* are the
+    reference's); a noisy run's are unknown (one draw of a mean) and it is left out of the heatmap."""
+    rows = table.set_index("label")
+    adc4 = rows.loc[f"{MODEL} @cim-r128-adc4"]
+    for k, name in enumerate(CLASS_NAMES):
+        expected = DEVICE_RIGHT["adc4"][np.equal(LABELS, k)].mean()
+        assert adc4[f"{runs.CLASS_METRIC}{name}"] == pytest.approx(expected)
+    assert np.isnan(rows.loc[f"{MODEL} @cim-r128-adc8-n0.05", f"{runs.CLASS_METRIC}airplane"])
+    deltas = analysis.class_deltas(table)
+    assert f"{MODEL} @cim-r128-adc4" in deltas and f"{MODEL} @cim-r128-adc8-n0.05" not in deltas
+    assert "## Per-class accuracy" in markdown

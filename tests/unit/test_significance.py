@@ -97,8 +97,9 @@ def table(store: tuple[MlflowClient, str, dict[str, str]]) -> pd.DataFrame:
 def test_predictions_are_read_back_as_logged(store: tuple[MlflowClient, str, dict[str, str]]) -> None:
     client, _, ids = store
     sources = dict.fromkeys(ids.values(), significance.REFERENCE_PREDICTIONS)
-    correct = significance.load_correctness(client, sources)
+    correct, labels = significance.load_correctness(client, sources)
     assert set(correct) == {ids[name] for name in RUNS if name != "no-predictions"}
+    assert np.array_equal(labels, LABELS)
     assert np.array_equal(correct[ids["worse"]], RUNS["worse"][2])
 
 
