@@ -183,24 +183,30 @@ def requantize_residual(layer: Conv, acc: torch.Tensor, residual: torch.Tensor) 
 
 def add(layer: Add, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """TFLite's integer add (reference ``AddElementwise``): each input's rescaling is a table over its 256
-    integer values, their sum (int64, exact in float64) requantized to the output."""
-    total = torch.zeros((), dtype=torch.float64, device=a.device)
-    for x, q, multiplier, shift in zip(
-        (a, b), layer.input_quants, layer.input_multipliers, layer.input_shifts, strict=True
+    integer values, their sum (int64, exact in float64) requantized to the output. That arithmetic is done
+    once on the grid of every pair of input integers (256 × 256: far fewer than a batch's elements), and
+    each output read from the table at (a, b)."""
+    rescaled = []
+    for q, multiplier, shift in zip(
+        layer.input_quants, layer.input_multipliers, layer.input_shifts, strict=True
     ):
         values = np.arange(q.qmin, q.qmax + 1, dtype=np.int64)
-        table = ROUNDINGS[layer.rounding]((values - q.zero_point) << layer.left_shift, multiplier, shift)
-        table = torch.from_numpy(table.astype(np.float64)).to(x.device)
-        total = total + table[(x - q.qmin).to(torch.int64)]
-    return requantize_exact(
-        total,
+        rescaled.append(
+            ROUNDINGS[layer.rounding]((values - q.zero_point) << layer.left_shift, multiplier, shift)
+        )
+    total = (rescaled[0][:, None] + rescaled[1][None, :]).astype(np.float64)
+    table = requantize_exact(
+        torch.from_numpy(total).reshape(1, 1, *total.shape),
         np.array([layer.output_multiplier]),
         np.array([layer.output_shift]),
         layer.output_quant.zero_point,
         layer.act_min,
         layer.act_max,
         layer.rounding,
-    )
+    ).reshape(-1)
+    first, second = layer.input_quants
+    index = (a - first.qmin) * total.shape[1] + (b - second.qmin)  # exact in float32: below 2^16
+    return table.to(a.device)[index.to(torch.int64)]
 
 
 def average_pool(layer: AveragePool, x: torch.Tensor) -> torch.Tensor:
