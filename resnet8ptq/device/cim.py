@@ -35,11 +35,10 @@ import math
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from resnet8ptq.device.adc import Geometry, LayerSteps, PartialSumProfile
 from resnet8ptq.device.config import Crossbar
-from resnet8ptq.device.executor import EXACT_FLOAT32, Arithmetic, integer_conv2d
+from resnet8ptq.device.executor import EXACT_FLOAT32, Arithmetic, integer_conv2d, zero_pad
 from resnet8ptq.device.graph import Conv
 
 
@@ -178,8 +177,7 @@ class CrossbarArithmetic(Arithmetic):
         dtype = tiles[0][1].dtype
         # The input slices stacked on the batch; each tile one convolution over the channels its rows touch,
         # with every weight slice stacked on the outputs: (Sx·N, Sw·O, H', W') partial sums per tile.
-        top, bottom, left, right = layer.padding
-        padded = F.pad(torch.cat(digits).to(dtype), (left, right, top, bottom))
+        padded = zero_pad(layer, torch.cat(digits).to(dtype))
         read_bound, integral = self.adc_bound(layer, largest)
         # The readings' sum is exact in float32 while integers stay below 2^24 (every order of summation).
         bound = len(tiles) * read_bound * sum(2.0 ** (xs + ws) for xs in x_shifts for ws in w_shifts)

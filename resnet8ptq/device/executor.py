@@ -76,13 +76,19 @@ def exact_matmul() -> Iterator[None]:
         torch.backends.cuda.matmul.allow_tf32 = saved
 
 
+def zero_pad(layer: Conv, x: torch.Tensor) -> torch.Tensor:
+    """The centred input padded as the layer pads (``padding``: top, bottom, left, right) with zeros: the
+    input zero point, centred."""
+    top, bottom, left, right = layer.padding
+    return F.pad(x, (left, right, top, bottom))
+
+
 def float_conv(
     layer: Conv, x: torch.Tensor, weight: np.ndarray | torch.Tensor, dtype: torch.dtype
 ) -> torch.Tensor:
     """The integer convolution of ``x`` (centred) with integer ``weight`` (O, I, kh, kw), in ``dtype`` (exact:
     :func:`exact_dtype`), on ``x``'s device; zero padding, as the centred input's zero point is 0."""
-    top, bottom, left, right = layer.padding
-    padded = F.pad(x.to(dtype), (left, right, top, bottom))
+    padded = zero_pad(layer, x.to(dtype))
     if isinstance(weight, np.ndarray):
         weight = torch.from_numpy(np.ascontiguousarray(weight))
     return integer_conv2d(padded, weight.to(dtype=dtype, device=x.device), layer.stride)
