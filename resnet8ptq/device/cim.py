@@ -11,9 +11,9 @@ What is modelled, per layer, for every output (a crossbar column) and every imag
 * **Weight slicing**: w - w_zp is stored as a sign (a differential pair of cells) and a magnitude cut into
   ``cells_per_weight`` cells of ``bits_per_cell`` bits; each cell column is read on its own, then shifted
   and added.
-* **Programming noise** (aihwkit: ``w_noise``, ``PCM`` programming noise): each cell's level gets Gaussian
-  noise of σ = ``weight_noise`` × the cell's full range (2^bits_per_cell - 1), drawn once per seed (the chip
-  is programmed once, then every image runs on it).
+* **Non-idealities** (:mod:`.effects`, one module each, in the step they act in): programming noise
+  (aihwkit: ``w_noise``) on the cells, drawn once per seed (the chip is programmed once, then every image
+  runs on it).
 * **ADC** (aihwkit: ``forward.out_res``, ``out_bound``): each partial sum (tile × input slice × weight
   slice) is read by an ``adc_bits`` ADC: rounded half to even to its step and clamped to its window of codes
   (symmetric ±(2^(b-1) - 1), or 2^b codes over the calibrated range); steps and windows come per layer, tile
@@ -38,8 +38,13 @@ import torch
 
 from resnet8ptq.device.adc import Geometry, LayerSteps, PartialSumProfile
 from resnet8ptq.device.config import Crossbar
+from resnet8ptq.device.effects import STEPS, Effect, configured
 from resnet8ptq.device.executor import EXACT_FLOAT32, Arithmetic, integer_conv2d, zero_pad
 from resnet8ptq.device.graph import Conv
+
+READ_STREAM = 2**32
+"""The read and convert effects' generator is seeded with seed + READ_STREAM: a stream apart from the chip's
+cells (seeds 0 .. noise_seeds - 1), so that a read effect leaves the programmed chip as it was."""
 
 
 def tile_sizes(terms: int, rows: int | None) -> list[int]:
@@ -84,11 +89,17 @@ def value_bits(low: int, high: int) -> tuple[int, bool]:
 
 
 class CrossbarArithmetic(Arithmetic):
-    """A layer's accumulators on :class:`Crossbar`, for one programming of the weights (one noise seed).
+    """A layer's accumulators on :class:`Crossbar`, for one programming of the weights (one noise seed), in
+    the steps of a chip: **program** the cells (slice the weights, then the ``program`` and ``perturb``
+    effects of :mod:`.effects`), **read** each row tile (one convolution per tile, then the ``read`` effects),
+    **convert** (the ADC, then the ``convert`` effects) and **add** digitally (shift and add the slices, the
+    tiles into a saturating accumulator).
 
     ``adc_steps`` (per layer name) come from :func:`resnet8ptq.device.evaluate.adc_steps`; with ``profile``,
-    every partial sum is added to it (calibration, on the ideal crossbar). ``seed`` draws the programming
-    noise, once per layer, at first use."""
+    every partial sum is added to it (calibration, on the ideal crossbar). ``effects``: the non-idealities,
+    by default those the crossbar's settings switch on. ``seed`` draws the chip: the cell effects, once per
+    layer at its first use (``torch.Generator().manual_seed(seed)``), and, from a generator of their own
+    (seed + :data:`READ_STREAM`), the read and convert effects, per batch."""
 
     def __init__(
         self,
@@ -96,19 +107,29 @@ class CrossbarArithmetic(Arithmetic):
         seed: int = 0,
         adc_steps: dict[str, LayerSteps] | None = None,
         profile: PartialSumProfile | None = None,
+        effects: list[Effect] | None = None,
     ) -> None:
         self.crossbar = crossbar
         self.seed = seed
         self.adc_steps = dict(adc_steps or {})
         self.profile = profile
+        chosen = effects if effects is not None else [e for step in STEPS for e in configured(crossbar, step)]
+        self.effects = {step: [effect for effect in chosen if effect.step == step] for step in STEPS}
         self._weights: dict[str, list[tuple[torch.Tensor, int]]] = {}
         self._generator = torch.Generator().manual_seed(seed)
+        self._read_generator = torch.Generator().manual_seed(seed + READ_STREAM)
         self._tiled: dict[str, tuple[list[tuple[slice, torch.Tensor]], float]] = {}
         self._adcs: dict[str, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = {}
 
+    @property
+    def analog_readings(self) -> bool:
+        """Read or convert effects are on: partial sums and readings need not be integers."""
+        return bool(self.effects["read"] or self.effects["convert"])
+
     def weight_slices(self, layer: Conv) -> list[tuple[torch.Tensor, int]]:
-        """The layer's programmed cell columns (O, K) per weight slice with their significance: sign ·
-        magnitude digit, plus programming noise (drawn once per layer and seed)."""
+        """**Program**: the layer's cell columns (O, K) per weight slice with their significance, sign ·
+        magnitude digit, then every cell effect (``program``, then ``perturb``; drawn once per layer and
+        seed, slice by slice, lowest first)."""
         if layer.name not in self._weights:
             weight = torch.from_numpy(layer.centered_weight.reshape(len(layer.weight), -1)).to(torch.float64)
             sign, magnitude = torch.sign(weight), weight.abs()
@@ -124,10 +145,8 @@ class CrossbarArithmetic(Arithmetic):
             programmed = []
             for digit, shift in slices(magnitude, c.bits_per_cell, capacity, signed=False):
                 cells = sign * digit
-                if c.weight_noise:
-                    sigma = c.weight_noise * (2**c.bits_per_cell - 1)
-                    noise = torch.randn(cells.shape, generator=self._generator, dtype=torch.float64)
-                    cells = cells + sigma * noise
+                for effect in self.effects["program"] + self.effects["perturb"]:
+                    cells = effect.apply(cells, c, self._generator)
                 programmed.append((cells, shift))
             self._weights[layer.name] = programmed
         return self._weights[layer.name]
@@ -160,9 +179,11 @@ class CrossbarArithmetic(Arithmetic):
                 largest = max(largest, float(masked.abs().sum(dim=(1, 2, 3)).max()))
                 tiles.append((channels, masked))
             largest *= 2.0 ** min(c.dac_bits, in_bits)
-            # Noisy cells are not integers: float64, whose rounding error (2^-53 relative) is far below any
-            # ADC step, so that a noisy chip reads the same on every kernel (CPU or GPU) but for rare ties.
-            exact = largest < EXACT_FLOAT32 and not c.weight_noise
+            # Noisy cells or readings are not integers: float64, whose rounding error (2^-53 relative) is far
+            # below any ADC step, so that a noisy chip reads the same on every kernel (CPU or GPU) but for
+            # rare ties.
+            integral = all(torch.equal(cell, cell.round()) for cell, _ in self.weight_slices(layer))
+            exact = largest < EXACT_FLOAT32 and integral and not self.analog_readings
             dtype = torch.float32 if exact else torch.float64
             self._tiled[layer.name] = ([(ch, w.to(dtype=dtype, device=device)) for ch, w in tiles], largest)
         return self._tiled[layer.name]
@@ -179,6 +200,9 @@ class CrossbarArithmetic(Arithmetic):
         # with every weight slice stacked on the outputs: (Sx·N, Sw·O, H', W') partial sums per tile.
         padded = zero_pad(layer, torch.cat(digits).to(dtype))
         read_bound, integral = self.adc_bound(layer, largest)
+        integral = integral and not self.effects["convert"]
+        if self.analog_readings and self.crossbar.adc_bits is None:
+            read_bound = math.inf  # an ideal ADC does not bound what a read effect adds
         # The readings' sum is exact in float32 while integers stay below 2^24 (every order of summation).
         bound = len(tiles) * read_bound * sum(2.0 ** (xs + ws) for xs in x_shifts for ws in w_shifts)
         sum_dtype = torch.float32 if integral and bound < EXACT_FLOAT32 else torch.float64
@@ -187,10 +211,10 @@ class CrossbarArithmetic(Arithmetic):
         w_significance = torch.tensor([2.0**ws for ws in w_shifts], dtype=sum_dtype, device=x.device)
         acc, profiled = None, []
         for tile, (channels, weight) in enumerate(tiles):
-            partial = integer_conv2d(padded[:, channels], weight, layer.stride)
+            partial = self.read(layer, padded[:, channels], weight)
             if self.profile is not None:
                 profiled.append(partial.clone())
-            read = self.adc(layer, tile, partial)
+            read = self.convert(layer, tile, partial)
             # Shift and add the slices (powers of two: exact), input slices as one matrix-vector product.
             read = read.to(sum_dtype).reshape(len(x_shifts), n, len(w_shifts), outputs, *read.shape[2:])
             if len(x_shifts) > 1:
@@ -209,6 +233,21 @@ class CrossbarArithmetic(Arithmetic):
         if not integral:
             acc = torch.round(acc)  # fixed point (multiples of 2^-8) to the integer accumulator: half to even
         return acc
+
+    def read(self, layer: Conv, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """**Read** one row tile: its partial sums (Sx·N, Sw·O, H', W') for the input digits ``x`` (the
+        channels its rows touch), then every ``read`` effect."""
+        partial = integer_conv2d(x, weight, layer.stride)
+        for effect in self.effects["read"]:
+            partial = effect.apply(partial, self.crossbar, self._read_generator)
+        return partial
+
+    def convert(self, layer: Conv, tile: int, partial: torch.Tensor) -> torch.Tensor:
+        """**Convert** one row tile's partial sums: its ADCs (:meth:`adc`), then every ``convert`` effect."""
+        reading = self.adc(layer, tile, partial)
+        for effect in self.effects["convert"]:
+            reading = effect.apply(reading, self.crossbar, self._read_generator)
+        return reading
 
     def adc_bound(self, layer: Conv, largest: float) -> tuple[float, bool]:
         """The largest |reading| of the layer's ADCs and whether every reading is an integer. An ideal ADC

@@ -5,7 +5,7 @@ the desktop runtimes. ``none`` (default: nothing is computed), ``integer`` (the 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 KINDS = ("none", "integer", "cim")
 RANGES = ("max", "percentile", "mse", "worst_case", "granular")  # the ADC range rules (device/adc.py)
@@ -21,6 +21,9 @@ WINDOWS = ("symmetric", "asymmetric")
 LAYOUT = ("rows", "dac_bits", "bits_per_cell", "cells_per_weight")
 """The settings that decide how a layer's dot product is cut into partial sums (tiles, input and weight
 slices): what the ADC calibration depends on."""
+DRAWN = {"draws": True}
+"""Metadata of a setting that switches on a random effect: a device with any of them away from its default is
+evaluated over ``noise_seeds`` draws."""
 RANGE_LABELS = {"max": "max", "percentile": "p{p:g}", "mse": "mse", "worst_case": "wc", "granular": "gran"}
 """How a run's name shows an ADC range rule other than the default (``cim-r128-adc4-max-layer-sym``)."""
 
@@ -40,7 +43,8 @@ class Crossbar:
     dac_bits: int = 8  # input bits per cycle (aihwkit: forward.inp_res); 8: the whole input at once
     bits_per_cell: int = 8  # levels of one memory cell, in bits
     cells_per_weight: int = 1  # cells a weight's magnitude is sliced over
-    weight_noise: float = 0.0  # programming noise σ, a fraction of a cell's range (aihwkit: w_noise)
+    # programming noise σ, a fraction of a cell's range (aihwkit: w_noise; effects/programming_noise.py)
+    weight_noise: float = field(default=0.0, metadata=DRAWN)
     accumulator_bits: int = 32  # the digital accumulator adding the tiles (saturating)
 
     def ideal(self) -> Crossbar:
@@ -138,9 +142,14 @@ class DeviceConfig(Crossbar):
         return max(1, self.batch_size // (math.ceil(8 / self.dac_bits) * self.cells_per_weight))
 
     @property
+    def noisy(self) -> bool:
+        """A random effect is on (a setting with :data:`DRAWN` metadata away from its default)."""
+        return self.kind == "cim" and any(f.metadata.get("draws") and _changed(self, f) for f in fields(self))
+
+    @property
     def seeds(self) -> int:
         """Noise draws to evaluate: ``noise_seeds`` when the device is noisy, else one."""
-        return self.noise_seeds if self.kind == "cim" and self.weight_noise > 0 else 1
+        return self.noise_seeds if self.noisy else 1
 
     @property
     def label(self) -> str:

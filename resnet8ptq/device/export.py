@@ -33,6 +33,7 @@ import pandas as pd
 
 from resnet8ptq.device.cim import input_range, slice_shifts, tile_sizes, value_bits
 from resnet8ptq.device.config import Crossbar, DeviceConfig
+from resnet8ptq.device.effects import STEPS, configured
 from resnet8ptq.device.executor import execute
 from resnet8ptq.device.graph import Add, AveragePool, Conv, IntegerModel
 
@@ -202,6 +203,9 @@ CROSSBAR_CONVENTIONS = {
     "weight_slices": "w - w_zp is a sign (a differential pair of cells) and a magnitude cut into "
     "cells_per_weight digits of bits_per_cell bits, lowest first "
     "(layers[].weight_slice_shifts); the cell holds sign * digit.",
+    "effects": "effects lists the non-idealities on, per step of the chip (program, perturb: the cells once "
+    "per programmed chip; read: each tile's partial sums; convert: the ADC's readings), in the order they "
+    "act; docs/device.md gives each one's formula.",
     "programming_noise": "weight_noise > 0: each cell's level gets sigma * n, sigma = weight_noise * "
     "(2^bits_per_cell - 1), n standard normal from "
     "torch.Generator().manual_seed(seed), drawn once per programmed chip: layer "
@@ -262,6 +266,10 @@ def export_crossbar(
     description = {
         "settings": asdict(crossbar),
         "range_rule": device.range_rule,
+        "effects": {
+            step: [{"effect": type(e).__name__, **asdict(e)} for e in configured(crossbar, step)]
+            for step in STEPS
+        },
         "noise_seeds": device.seeds,
         "calibration": calibration,
         "conventions": CROSSBAR_CONVENTIONS,

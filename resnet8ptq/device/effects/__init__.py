@@ -1,0 +1,38 @@
+"""The crossbar's non-idealities, one module each, in the steps a chip goes through (docs/device.md):
+
+1. ``program``: the weights written into cells (after slicing: :mod:`.programming_noise`);
+2. ``perturb``: the programmed cells changed over time before they are read (none yet);
+3. ``read``: a tile's analog partial sums as the array produces them (none yet);
+4. ``convert``: the readings once the ADC has converted them (none yet).
+
+An effect is a frozen dataclass of its parameters (aihwkit's vocabulary) built from the crossbar's settings by
+:meth:`Effect.configured` (``None`` when the settings leave it off: every effect is off on the ideal crossbar,
+so :meth:`~resnet8ptq.device.config.Crossbar.ideal` switches it off without an edit), and one method,
+:meth:`Effect.apply`. :mod:`resnet8ptq.device.cim` runs the configured effects of each step in the order of
+:data:`EFFECTS`. Adding a non-ideality is a module here, its settings on
+:class:`~resnet8ptq.device.config.Crossbar` (with ``draws`` in their metadata when it is random), its line in
+:data:`EFFECTS` and its section in docs/device.md.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from resnet8ptq.device.effects.base import CELL_STEPS, STEPS, Effect
+from resnet8ptq.device.effects.programming_noise import ProgrammingNoise
+
+if TYPE_CHECKING:
+    from resnet8ptq.device.config import Crossbar
+
+__all__ = ["CELL_STEPS", "EFFECTS", "STEPS", "Effect", "configured"]
+
+EFFECTS: tuple[type[Effect], ...] = (ProgrammingNoise,)
+"""Every non-ideality, in the order they act within a step."""
+
+
+def configured(crossbar: Crossbar, step: str) -> list[Effect]:
+    """The effects ``crossbar``'s settings switch on in ``step``, in :data:`EFFECTS` order."""
+    if step not in STEPS:
+        raise ValueError(f"step {step!r}: expected one of {', '.join(STEPS)}.")
+    found = (effect.configured(crossbar) for effect in EFFECTS if effect.step == step)
+    return [effect for effect in found if effect is not None]
