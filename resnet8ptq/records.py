@@ -301,12 +301,14 @@ def log_published(
 def log_device(context: RunContext, run_id: str, device: OnDevice, reference_predictions: np.ndarray) -> None:
     """A device run's record (`device` != none): accuracy on the device over its noise draws, the reader of
     the integer form, and the artifacts ``device/``: every test image's label with the reference's and the
-    device's prediction, the accuracy of each noise draw, the ADC steps, and the integer parameters with
-    golden vectors (:func:`resnet8ptq.device.export.export`); for a crossbar, ``crossbar.json`` with the
-    ``calibration`` sample's description (:func:`resnet8ptq.device.export.export_crossbar`)."""
+    device's prediction, the accuracy of each noise draw, the ADC steps, the DAC ranges, and the integer
+    parameters with golden vectors (:func:`resnet8ptq.device.export.export`); for a crossbar,
+    ``crossbar.json`` with the ``calibration`` sample's description
+    (:func:`resnet8ptq.device.export.export_crossbar`)."""
     import pandas as pd
 
     from resnet8ptq.device.adc import adc_table
+    from resnet8ptq.device.dac import dac_table
     from resnet8ptq.device.export import export, export_crossbar
 
     result, model = device.result, device.model
@@ -325,6 +327,10 @@ def log_device(context: RunContext, run_id: str, device: OnDevice, reference_pre
         steps = out_dir / "adc_steps.csv"
         adc_table(result.adc_steps).to_csv(steps, index=False)
         files.append(steps)
+    if result.dac_ranges:
+        ranges = out_dir / "dac_ranges.csv"
+        dac_table(model, result.dac_ranges, result.device.dac_bits).to_csv(ranges, index=False)
+        files.append(ranges)
     if result.layer_sqnr:
         sqnr = out_dir / "layer_sqnr.csv"
         table = pd.DataFrame({"layer": list(result.layer_sqnr), "sqnr_db": list(result.layer_sqnr.values())})
@@ -332,7 +338,7 @@ def log_device(context: RunContext, run_id: str, device: OnDevice, reference_pre
         files.append(sqnr)
     files += export(model, device.test_images, out_dir)
     if result.device is not None and result.device.kind == "cim":
-        files.append(export_crossbar(model, result.device, device.calibration, out_dir))
+        files.append(export_crossbar(model, result.device, device.calibration, out_dir, result.dac_ranges))
     log_metrics(run_id, result.metrics())
     worst = {"device.worst_layer": result.worst_layer} if result.layer_sqnr else {}
     set_tags(run_id, {"device.source": model.source, **worst})

@@ -95,8 +95,10 @@ class CrossbarArithmetic(Arithmetic):
     **convert** (the ADC, then the ``convert`` effects) and **add** digitally (shift and add the slices, the
     tiles into a saturating accumulator).
 
-    ``adc_steps`` (per layer name) come from :func:`resnet8ptq.device.evaluate.adc_steps`; with ``profile``,
-    every partial sum is added to it (calibration, on the ideal crossbar). ``effects``: the non-idealities,
+    ``dac_ranges`` (per layer name: the DAC's (low, high), :mod:`.dac`; default: the quantized input range)
+    clip each layer's input before it is sliced. ``adc_steps`` (per layer name) come from
+    :func:`resnet8ptq.device.evaluate.adc_steps`; with ``profile``, every partial sum is added to it
+    (calibration, on the ideal crossbar). ``effects``: the non-idealities,
     by default those the crossbar's settings switch on. ``seed`` draws the chip: the cell effects, once per
     layer at its first use (``torch.Generator().manual_seed(seed)``), and, from a generator of their own
     (seed + :data:`READ_STREAM`), the read and convert effects, per batch."""
@@ -108,8 +110,10 @@ class CrossbarArithmetic(Arithmetic):
         adc_steps: dict[str, LayerSteps] | None = None,
         profile: PartialSumProfile | None = None,
         effects: list[Effect] | None = None,
+        dac_ranges: dict[str, tuple[int, int]] | None = None,
     ) -> None:
         self.crossbar = crossbar
+        self.dac_ranges = dict(dac_ranges or {})
         self.seed = seed
         self.adc_steps = dict(adc_steps or {})
         self.profile = profile
@@ -125,6 +129,10 @@ class CrossbarArithmetic(Arithmetic):
     def analog_readings(self) -> bool:
         """Read or convert effects are on: partial sums and readings need not be integers."""
         return bool(self.effects["read"] or self.effects["convert"])
+
+    def input_window(self, layer: Conv) -> tuple[int, int]:
+        """The centred inputs the layer's DAC applies: its calibrated range, else the quantized input's."""
+        return self.dac_ranges.get(layer.name, input_range(layer))
 
     def weight_slices(self, layer: Conv) -> list[tuple[torch.Tensor, int]]:
         """**Program**: the layer's cell columns (O, K) per weight slice with their significance, sign ·
@@ -166,7 +174,7 @@ class CrossbarArithmetic(Arithmetic):
         ``device``."""
         if layer.name not in self._tiled:
             c = self.crossbar
-            in_bits, _ = value_bits(*input_range(layer))
+            in_bits, _ = value_bits(*self.input_window(layer))
             cells = torch.stack([cell for cell, _ in self.weight_slices(layer)])  # (Sw, O, K)
             kernel = int(np.prod(layer.weight.shape[2:]))  # a channel's kh·kw rows (term order: c, kh, kw)
             bounds = np.cumsum([0, *tile_sizes(layer.terms, c.rows)])
@@ -191,7 +199,10 @@ class CrossbarArithmetic(Arithmetic):
     def accumulate(self, layer: Conv, x: torch.Tensor) -> torch.Tensor:
         c = self.crossbar
         n, outputs = x.shape[0], len(layer.weight)
-        in_bits, in_signed = value_bits(*input_range(layer))
+        low, high = self.input_window(layer)
+        if (low, high) != input_range(layer):
+            x = x.clamp(low, high)  # the DAC's full scale: inputs beyond it are applied as its ends
+        in_bits, in_signed = value_bits(low, high)
         digits, x_shifts = zip(*slices(x, c.dac_bits, in_bits, in_signed), strict=True)
         w_shifts = [shift for _, shift in self.weight_slices(layer)]
         tiles, largest = self.tiled_weights(layer, x.device)
@@ -288,10 +299,10 @@ def input_range(layer: Conv) -> tuple[int, int]:
     return q.qmin - q.zero_point, q.qmax - q.zero_point
 
 
-def worst_case_full_scale(layer: Conv, crossbar: Crossbar) -> float:
+def worst_case_full_scale(layer: Conv, crossbar: Crossbar, window: tuple[int, int] | None = None) -> float:
     """The largest |partial sum| a tile can produce: its rows × the largest input digit × the largest cell
-    level (every cell at full scale, every input slice at its maximum)."""
-    in_bits, _ = value_bits(*input_range(layer))
+    level (every cell at full scale, every input slice at its maximum); ``window``: the DAC's range."""
+    in_bits, _ = value_bits(*(window or input_range(layer)))
     digit = 2 ** min(crossbar.dac_bits, in_bits) - 1
     cell = 2**crossbar.bits_per_cell - 1
     return tile_sizes(layer.terms, crossbar.rows)[0] * digit * cell

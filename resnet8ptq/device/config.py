@@ -16,11 +16,12 @@ CALIBRATED_RANGES = ("max", "percentile", "mse")
 GRANULARITIES = ("layer", "tile", "column")
 STEPS = ("pow2", "free")
 WINDOWS = ("symmetric", "asymmetric")
+DAC_RANGES = ("full", "percentile")  # the DAC's full scale (device/dac.py)
 
 
-LAYOUT = ("rows", "dac_bits", "bits_per_cell", "cells_per_weight")
-"""The settings that decide how a layer's dot product is cut into partial sums (tiles, input and weight
-slices): what the ADC calibration depends on."""
+LAYOUT = ("rows", "dac_bits", "dac_range", "dac_percentile", "bits_per_cell", "cells_per_weight")
+"""The settings that decide a layer's partial sums (tiles, the inputs' range and slices, weight slices): what
+the ADC calibration depends on."""
 DRAWN = {"draws": True}
 """Metadata of a setting that switches on a random effect: a device with any of them away from its default is
 evaluated over ``noise_seeds`` draws."""
@@ -41,6 +42,8 @@ class Crossbar:
     adc_step: str = "pow2"  # the ADC step: pow2 (the digital side shifts) | free (a fixed-point multiplier)
     adc_window: str = "asymmetric"  # ADC codes: symmetric (±(2^(b-1) - 1)) | asymmetric (2^b over the range)
     dac_bits: int = 8  # input bits per cycle (aihwkit: forward.inp_res); 8: the whole input at once
+    dac_range: str = "full"  # the DAC's full scale: full (the quantized input) | percentile (clipped: dac.py)
+    dac_percentile: float = 99.99  # dac_range=percentile: of each layer's inputs on the calibration sample
     bits_per_cell: int = 8  # levels of one memory cell, in bits
     cells_per_weight: int = 1  # cells a weight's magnitude is sliced over
     # programming noise σ, a fraction of a cell's range (aihwkit: w_noise; effects/programming_noise.py)
@@ -107,6 +110,19 @@ class DeviceConfig(Crossbar):
                 f"device.adc_window={self.adc_window!r}: expected one of {', '.join(WINDOWS)}",
             ),
             (1 <= self.dac_bits <= 16, f"device.dac_bits={self.dac_bits}: expected 1..16 bits per cycle"),
+            (
+                self.dac_range in DAC_RANGES,
+                f"device.dac_range={self.dac_range!r}: expected one of {', '.join(DAC_RANGES)}",
+            ),
+            (
+                math.isfinite(self.dac_percentile) and 50 < self.dac_percentile <= 100,
+                f"device.dac_percentile={self.dac_percentile}: expected a percentile in (50, 100]",
+            ),
+            (
+                self.dac_percentile == Crossbar.dac_percentile or self.dac_range == "percentile",
+                f"device.dac_percentile={self.dac_percentile} with device.dac_range={self.dac_range}: "
+                "the percentile applies to device.dac_range=percentile only",
+            ),
             (1 <= self.bits_per_cell <= 16, f"device.bits_per_cell={self.bits_per_cell}: expected 1..16"),
             (self.cells_per_weight >= 1, f"device.cells_per_weight={self.cells_per_weight}: expected >= 1"),
             (
@@ -168,6 +184,7 @@ class DeviceConfig(Crossbar):
             parts += ["free"] if self.adc_step != defaults["adc_step"] else []
             parts += ["sym"] if self.adc_window != defaults["adc_window"] else []
         parts += [f"dac{self.dac_bits}"] if self.dac_bits != 8 else []
+        parts += [f"inp{self.dac_percentile:g}"] if self.dac_range == "percentile" else []
         parts += (
             [f"c{self.bits_per_cell}x{self.cells_per_weight}"]
             if (self.bits_per_cell, self.cells_per_weight) != (8, 1)

@@ -13,6 +13,8 @@ from tqdm import tqdm
 from resnet8ptq.device.adc import LayerSteps, PartialSumProfile, calibrated_steps, fixed_steps
 from resnet8ptq.device.cim import CrossbarArithmetic, worst_case_full_scale
 from resnet8ptq.device.config import CALIBRATED_RANGES, DeviceConfig
+from resnet8ptq.device.dac import InputProfile
+from resnet8ptq.device.dac import dac_ranges as calibrated_dac_ranges
 from resnet8ptq.device.executor import Arithmetic, Ideal, execute, predictions
 from resnet8ptq.device.graph import IntegerModel
 from resnet8ptq.spec import sqnr_db
@@ -33,6 +35,7 @@ class DeviceResult:
     subset_accuracy: float  # mean over draws, on MLPerf Tiny's performance subset
     differing_from_reference: int  # test images whose (first draw's) prediction differs from the reference
     adc_steps: dict[str, LayerSteps] = field(default_factory=dict)  # per layer: the ADC steps
+    dac_ranges: dict[str, tuple[int, int]] = field(default_factory=dict)  # per layer: a calibrated DAC range
     layer_sqnr: dict[str, float] = field(default_factory=dict)  # per layer: the device vs the ideal (dB)
     seconds: float = 0.0
     device: DeviceConfig | None = None  # the device evaluated
@@ -75,29 +78,60 @@ def seed_interval(accuracies: list[float], confidence: float = 0.95) -> tuple[fl
     return mean - half, mean + half
 
 
+Profiles = dict[tuple, object]
+"""Calibration profiles of one model and calibration sample, kept across the device runs of a sweep: the
+partial sums per crossbar layout (:class:`PartialSumProfile`), the layers' inputs (:class:`InputProfile`)."""
+
+
+def dac_ranges(
+    model: IntegerModel,
+    device: DeviceConfig,
+    calibration_images: np.ndarray,
+    profiles: Profiles | None = None,
+) -> dict[str, tuple[int, int]]:
+    """Each layer's DAC range (:mod:`resnet8ptq.device.dac`) from its inputs on the calibration images (the
+    ideal integer device); empty with ``dac_range=full``."""
+    if device.kind != "cim" or device.dac_range == "full":
+        return {}
+    if len(calibration_images) == 0:
+        raise ValueError(
+            "device.dac_range=percentile sets the DAC ranges from calibration images; none given."
+        )
+    profiles = {} if profiles is None else profiles
+    if ("inputs",) not in profiles:
+        profile = InputProfile()
+        execute(model, calibration_images, profile, batch_size=device.batch_size)
+        profiles[("inputs",)] = profile
+    return calibrated_dac_ranges(model, profiles[("inputs",)], device.dac_percentile)
+
+
 def adc_steps(
     model: IntegerModel,
     device: DeviceConfig,
     calibration_images: np.ndarray,
-    profiles: dict[tuple, PartialSumProfile] | None = None,
+    profiles: Profiles | None = None,
+    dac: dict[str, tuple[int, int]] | None = None,
 ) -> dict[str, LayerSteps]:
     """Each layer's ADC steps (:mod:`resnet8ptq.device.adc`): from the partial sums of the ideal crossbar (the
     same tiles and slices, exact ADC, no noise) on the calibration images (``max``, ``percentile``, ``mse``),
     from the tile's largest possible sum (``worst_case``) or one unit (``granular``). Empty for an ideal
     ADC. ``profiles`` keeps the profile of each crossbar layout for the next device run of the same model and
-    calibration images (a sweep over ADC settings profiles once per layout)."""
+    calibration images (a sweep over ADC settings profiles once per layout). ``dac``: the layers' DAC ranges
+    (:func:`dac_ranges`), applied in calibration as on the device."""
     crossbar = device.crossbar()
     if crossbar.adc_bits is None:
         return {}
     rule, bits = device.range_rule, crossbar.adc_bits
     granularity, window, step = crossbar.adc_granularity, crossbar.adc_window, crossbar.adc_step
     if rule not in CALIBRATED_RANGES:
-        layout = CrossbarArithmetic(crossbar.ideal())
+        layout = CrossbarArithmetic(crossbar.ideal(), dac_ranges=dac)
         return {
             layer.name: fixed_steps(
                 layout.geometry(layer),
                 granularity,
-                worst_case_full_scale(layer, crossbar) if rule == "worst_case" else None,
+                worst_case_full_scale(layer, crossbar, layout.input_window(layer))
+                if rule == "worst_case"
+                else None,
                 bits,
                 window,
                 step,
@@ -110,8 +144,8 @@ def adc_steps(
     layout = astuple(crossbar.ideal())
     if layout not in profiles:
         profiles[layout] = PartialSumProfile()
-        execute(model, calibration_images, CrossbarArithmetic(crossbar.ideal(), profile=profiles[layout]),
-                batch_size=device.images_per_step)  # fmt: skip
+        ideal = CrossbarArithmetic(crossbar.ideal(), profile=profiles[layout], dac_ranges=dac)
+        execute(model, calibration_images, ideal, batch_size=device.images_per_step)
     return calibrated_steps(profiles[layout], bits, rule, granularity, window, step, crossbar.adc_percentile)
 
 
@@ -134,12 +168,17 @@ def layer_sqnr(model: IntegerModel, device: Arithmetic, images: np.ndarray) -> d
     return result
 
 
-def arithmetic(device: DeviceConfig, seed: int, steps: dict[str, LayerSteps]) -> Arithmetic:
+def arithmetic(
+    device: DeviceConfig,
+    seed: int,
+    steps: dict[str, LayerSteps],
+    dac: dict[str, tuple[int, int]] | None = None,
+) -> Arithmetic:
     """The device's arithmetic for one noise draw: the crossbar model for ``cim`` (even when ideal, so that
     its equality with ``integer`` is tested), exact integers for ``integer``."""
     if device.kind == "integer":
         return Ideal()
-    return CrossbarArithmetic(device.crossbar(), seed=seed, adc_steps=steps)
+    return CrossbarArithmetic(device.crossbar(), seed=seed, adc_steps=steps, dac_ranges=dac)
 
 
 def evaluate_device(
@@ -151,17 +190,18 @@ def evaluate_device(
     reference_predictions: np.ndarray,
     perf_subset: np.ndarray,
     name: str,
-    adc_profiles: dict[tuple, PartialSumProfile] | None = None,
+    adc_profiles: Profiles | None = None,
 ) -> DeviceResult:
     """Run ``model`` on ``device`` over every test image, once per noise draw (seeds 0, 1, ...); the ADC
     ranges from the calibration images' partial sums (``adc_profiles``: :func:`adc_steps`)."""
     start = time.perf_counter()
-    steps = adc_steps(model, device, calibration_images, adc_profiles)
+    dac = dac_ranges(model, device, calibration_images, adc_profiles)
+    steps = adc_steps(model, device, calibration_images, adc_profiles, dac)
     accuracies, subset, first = [], [], None
     with tqdm(total=len(images) * device.seeds, desc=f"Device {name}", unit="img", leave=False) as bar:
         for seed in range(device.seeds):
             logits, _ = execute(
-                model, images, arithmetic(device, seed, steps), device.images_per_step, 0, bar.update
+                model, images, arithmetic(device, seed, steps, dac), device.images_per_step, 0, bar.update
             )
             predicted = predictions(model, logits)
             first = predicted if first is None else first
@@ -170,7 +210,7 @@ def evaluate_device(
     sqnr = {}
     if device.kind == "cim":  # the ideal integer device is the reference itself
         sample = images[: min(SQNR_IMAGES, device.images_per_step)]
-        sqnr = layer_sqnr(model, arithmetic(device, 0, steps), sample)
+        sqnr = layer_sqnr(model, arithmetic(device, 0, steps, dac), sample)
     correct = int(np.sum(first == labels))
     interval = seed_interval(accuracies) if len(accuracies) > 1 else accuracy_interval(correct, len(labels))
     return DeviceResult(
@@ -181,6 +221,7 @@ def evaluate_device(
         subset_accuracy=float(np.mean(subset)),
         differing_from_reference=int(np.sum(first != reference_predictions)),
         adc_steps=steps,
+        dac_ranges=dac,
         layer_sqnr=sqnr,
         seconds=time.perf_counter() - start,
         device=device,

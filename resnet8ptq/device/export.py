@@ -194,8 +194,13 @@ CROSSBAR_CONVENTIONS = {
     "tiles": "The K terms are split into ceil(K / rows) row tiles as equal as possible, the larger "
     "first (aihwkit-lightning's split; layers[].tile_sizes); tile t holds terms [sum of the "
     "sizes before t, + its size). rows null: one tile.",
-    "input_slices": "x - x_zp (integers in layers[].input_range) is applied dac_bits bits per cycle: "
-    "digits of the value, lowest first, each with its shift "
+    "dac": "The DAC applies x - x_zp clipped to layers[].input_range: with dac_range full the quantized "
+    "input's whole range (layers[].quantized_input_range, so nothing is clipped); with dac_range "
+    "percentile the smallest m-bit range holding the (100 - dac_percentile)-th and dac_percentile-th "
+    "percentiles of the layer's inputs on the calibration sample (ideal integer device), inputs beyond it "
+    "applied as its ends (dac_ranges.csv).",
+    "input_slices": "x - x_zp (after the DAC's clip: integers in layers[].input_range) is applied "
+    "dac_bits bits per cycle: digits of the value, lowest first, each with its shift "
     "(layers[].input_slice_shifts); when the range has negative values the digits are"
     " those of its two's complement over layers[].input_bits, the top digit "
     "negative-weighted (value = sum of digit * 2^shift). dac_bits >= input_bits: one "
@@ -233,11 +238,14 @@ CROSSBAR_CONVENTIONS = {
 """The crossbar's arithmetic in words (``crossbar.json``), the conventions :mod:`.cim` implements."""
 
 
-def crossbar_layers(model: IntegerModel, crossbar: Crossbar) -> list[dict[str, object]]:
-    """Each conv/dense layer's tiles and slices on ``crossbar``."""
+def crossbar_layers(
+    model: IntegerModel, crossbar: Crossbar, dac: dict[str, tuple[int, int]] | None = None
+) -> list[dict[str, object]]:
+    """Each conv/dense layer's tiles and slices on ``crossbar``; its input range is the DAC's (``dac``: the
+    calibrated ranges of ``dac_range=percentile``), else the quantized input's."""
     layers = []
     for layer in model.convs:
-        low, high = input_range(layer)
+        low, high = (dac or {}).get(layer.name, input_range(layer))
         bits, signed = value_bits(low, high)
         capacity = crossbar.bits_per_cell * crossbar.cells_per_weight
         layers.append(
@@ -246,6 +254,7 @@ def crossbar_layers(model: IntegerModel, crossbar: Crossbar) -> list[dict[str, o
                 "terms": layer.terms,
                 "tile_sizes": tile_sizes(layer.terms, crossbar.rows),
                 "input_range": [low, high],
+                "quantized_input_range": list(input_range(layer)),
                 "input_bits": bits,
                 "input_signed": signed,
                 "input_slice_shifts": slice_shifts(crossbar.dac_bits, bits),
@@ -257,7 +266,11 @@ def crossbar_layers(model: IntegerModel, crossbar: Crossbar) -> list[dict[str, o
 
 
 def export_crossbar(
-    model: IntegerModel, device: DeviceConfig, calibration: dict[str, object], out_dir: Path
+    model: IntegerModel,
+    device: DeviceConfig,
+    calibration: dict[str, object],
+    out_dir: Path,
+    dac: dict[str, tuple[int, int]] | None = None,
 ) -> Path:
     """``crossbar.json``: a ``device=cim`` run's crossbar settings, its conventions in words
     (:data:`CROSSBAR_CONVENTIONS`), each layer's tiles and slices, and the calibration sample the ADC
@@ -273,12 +286,14 @@ def export_crossbar(
         "noise_seeds": device.seeds,
         "calibration": calibration,
         "conventions": CROSSBAR_CONVENTIONS,
-        "layers": crossbar_layers(model, crossbar),
+        "layers": crossbar_layers(model, crossbar, dac),
         "files": {
             "adc_steps.csv": "every ADC: layer, granularity, group, tile, cell_slice, column (empty where "
             "the group spans them), adc_step, code_min, code_max, range_low, range_high (= code * adc_step)",
             "integer_model.json": "the layers' integer parameters and arithmetic around the accumulator",
             "predictions.csv": "per test image: label, the reference's and the device's (seed 0) prediction",
+            "dac_ranges.csv": "dac_range percentile: every layer's quantized input range, the DAC's range "
+            "and its bits, and the input cycles at dac_bits before and after the clip",
         },
     }
     path = out_dir / "crossbar.json"

@@ -169,9 +169,9 @@ def adc_arrays(table: pd.DataFrame, entry: dict, tiles: int, slices: int) -> tup
 
 
 def crossbar_accumulate(crossbar: dict, adc_table: pd.DataFrame | None) -> Accumulate:
-    """crossbar.json's conventions (no programming noise) as an :data:`Accumulate`: tiles in term order,
-    input and weight slices, each partial sum through its column's ADC (ties to even), shift and add, the
-    tiles added into a saturating accumulator."""
+    """crossbar.json's conventions (no programming noise) as an :data:`Accumulate`: the DAC's clip, tiles in
+    term order, input and weight slices, each partial sum through its column's ADC (ties to even), shift and
+    add, the tiles added into a saturating accumulator."""
     settings = crossbar["settings"]
     if settings["weight_noise"]:
         raise NotImplementedError("this reader leaves out programming noise (torch's generator draws it)")
@@ -186,6 +186,7 @@ def crossbar_accumulate(crossbar: dict, adc_table: pd.DataFrame | None) -> Accum
         windows = np.lib.stride_tricks.sliding_window_view(x, (kh, kw), axis=(2, 3))
         windows = windows[:, :, :: layer["stride"][0], :: layer["stride"][1]]  # (N, C, H', W', kh, kw)
         terms = windows.transpose(0, 2, 3, 1, 4, 5).reshape(*windows.shape[:1], *windows.shape[2:4], -1)
+        terms = np.clip(terms, *entry["input_range"])  # the DAC's range (padding's zeros lie inside it)
         weight = weight.reshape(len(weight), -1)
         x_digits = digits(terms, settings["dac_bits"], entry["input_bits"], entry["input_signed"],
                           entry["input_slice_shifts"])  # fmt: skip

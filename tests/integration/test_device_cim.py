@@ -23,7 +23,7 @@ from resnet8ptq.calibration import CalibConfig
 from resnet8ptq.device.adc import adc_table
 from resnet8ptq.device.cim import CrossbarArithmetic
 from resnet8ptq.device.config import Crossbar, DeviceConfig
-from resnet8ptq.device.evaluate import adc_steps, arithmetic
+from resnet8ptq.device.evaluate import adc_steps, arithmetic, dac_ranges
 from resnet8ptq.device.executor import execute
 from resnet8ptq.device.export import export, export_crossbar
 from resnet8ptq.dtype import DtypeConfig
@@ -162,6 +162,8 @@ def test_the_export_rebuilds_the_crossbar_run(cim_runs: tuple[Path, list[Run]], 
             rows=64,
             adc_bits=5,
             dac_bits=2,
+            dac_range="percentile",
+            dac_percentile=99.0,
             bits_per_cell=4,
             cells_per_weight=2,
             adc_step="free",
@@ -177,13 +179,14 @@ def test_the_export_rebuilds_the_crossbar_run(cim_runs: tuple[Path, list[Run]], 
             accumulator_bits=16,
         ),
     ],
-    ids=["bit-serial-sliced-free-tile", "layer-symmetric-saturating"],
+    ids=["bit-serial-clipped-sliced-free-tile", "layer-symmetric-saturating"],
 )
 def test_the_export_specifies_other_crossbars(
     device: DeviceConfig, canonical_model, data, tmp_path: Path
 ) -> None:
-    """Bit-serial inputs, sliced weights, free steps per tile; one symmetric range per layer and a 16-bit
-    accumulator that saturates: the reader's logits equal the crossbar model's, integer for integer."""
+    """Bit-serial inputs clipped to calibrated DAC ranges, sliced weights, free steps per tile; one symmetric
+    range per layer and a 16-bit accumulator that saturates: the reader's logits equal the crossbar model's,
+    integer for integer."""
     calibration, images, _ = data
     images = images[:100]
     spec = QuantSpec(DtypeConfig("int8", "int8"), CalibConfig("minmax"), per_channel=True)
@@ -191,10 +194,14 @@ def test_the_export_specifies_other_crossbars(
         canonical_model.onnx_path, calibration, spec, tmp_path
     )
     model = integer_model(quantized.path)
-    steps = adc_steps(model, device, calibration[:200])  # any sample: the test checks the reader
-    logits, _ = execute(model, images, arithmetic(device, 0, steps), device.images_per_step)
+    dac = dac_ranges(model, device, calibration[:200])  # any sample: the test checks the reader
+    steps = adc_steps(model, device, calibration[:200], dac=dac)
+    logits, _ = execute(model, images, arithmetic(device, 0, steps, dac), device.images_per_step)
     export(model, images, tmp_path / "device")
-    export_crossbar(model, device, {"per_class": 100, "seed": 42}, tmp_path / "device")
+    export_crossbar(model, device, {"per_class": 100, "seed": 42}, tmp_path / "device", dac)
+    if device.dac_range == "percentile":  # the clip is in effect: some layer's DAC drops input bits
+        layers = json.loads((tmp_path / "device" / "crossbar.json").read_text())["layers"]
+        assert any(entry["input_range"] != entry["quantized_input_range"] for entry in layers)
     adc_table(steps).to_csv(tmp_path / "device" / "adc_steps.csv", index=False)
     rebuilt, _ = read_export(tmp_path / "device", images)
     assert np.array_equal(rebuilt, logits)
