@@ -87,15 +87,7 @@ class DeviceConfig(Crossbar):
                 self.adc_range in RANGES + tuple(RANGE_ALIASES),
                 f"device.adc_range={self.adc_range!r}: expected one of {', '.join(RANGES)}",
             ),
-            (
-                math.isfinite(self.adc_percentile) and 0 < self.adc_percentile <= 100,
-                f"device.adc_percentile={self.adc_percentile}: expected a percentile in (0, 100]",
-            ),
-            (
-                self.adc_percentile == Crossbar.adc_percentile or self.range_rule == "percentile",
-                f"device.adc_percentile={self.adc_percentile} with device.adc_range={self.adc_range}: "
-                "the percentile applies to device.adc_range=percentile only",
-            ),
+            *_percentile_checks(self, "adc", self.range_rule, 0),
             (
                 self.adc_granularity in GRANULARITIES,
                 f"device.adc_granularity={self.adc_granularity!r}: expected one of "
@@ -114,15 +106,7 @@ class DeviceConfig(Crossbar):
                 self.dac_range in DAC_RANGES,
                 f"device.dac_range={self.dac_range!r}: expected one of {', '.join(DAC_RANGES)}",
             ),
-            (
-                math.isfinite(self.dac_percentile) and 50 < self.dac_percentile <= 100,
-                f"device.dac_percentile={self.dac_percentile}: expected a percentile in (50, 100]",
-            ),
-            (
-                self.dac_percentile == Crossbar.dac_percentile or self.dac_range == "percentile",
-                f"device.dac_percentile={self.dac_percentile} with device.dac_range={self.dac_range}: "
-                "the percentile applies to device.dac_range=percentile only",
-            ),
+            *_percentile_checks(self, "dac", self.dac_range, 50),
             (1 <= self.bits_per_cell <= 16, f"device.bits_per_cell={self.bits_per_cell}: expected 1..16"),
             (self.cells_per_weight >= 1, f"device.cells_per_weight={self.cells_per_weight}: expected >= 1"),
             (
@@ -221,6 +205,23 @@ class DeviceConfig(Crossbar):
                 if f.name not in ("kind", "batch_size")
             }
         return tags
+
+
+def _percentile_checks(config: DeviceConfig, side: str, rule: str, above: float) -> list[tuple[bool, str]]:
+    """``device.<side>_percentile``: a percentile in (``above``, 100], given only with the percentile rule of
+    ``device.<side>_range`` (``rule``: the rule in use)."""
+    value = getattr(config, f"{side}_percentile")
+    return [
+        (
+            math.isfinite(value) and above < value <= 100,
+            f"device.{side}_percentile={value}: expected a percentile in ({above:g}, 100]",
+        ),
+        (
+            value == getattr(Crossbar, f"{side}_percentile") or rule == "percentile",
+            f"device.{side}_percentile={value} with device.{side}_range={getattr(config, f'{side}_range')}: "
+            f"the percentile applies to device.{side}_range=percentile only",
+        ),
+    ]
 
 
 def _changed(config: DeviceConfig, field: object) -> bool:
