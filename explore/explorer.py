@@ -328,13 +328,6 @@ def clipped_share(fp32: np.ndarray, scale: np.ndarray, zero_point: np.ndarray, q
     return float(np.mean((nearest < qmin) | (nearest > qmax)))
 
 
-def sqnr_db(signal: np.ndarray, approximation: np.ndarray) -> float:
-    """10 log10(Σ signal² / Σ (signal - approximation)²)."""
-    noise = float(np.sum((signal.astype(np.float64) - approximation) ** 2))
-    power = float(np.sum(signal.astype(np.float64) ** 2))
-    return float("inf") if noise == 0 else 10 * np.log10(power / noise)
-
-
 def weight_range(tags: Mapping[str, str]) -> tuple[int, int]:
     """The integer grid of the run's weights, by the tool's rule (:mod:`resnet8ptq.dtype`: ORT's, which the
     PyTorch observers follow; TFLite's int8 weights are the signed symmetric grid too) from the run's
@@ -367,6 +360,8 @@ def match_layers(
     for conv in convs:
         found = by_output.get(conv.name) or by_node.get(onnx_node_of.get(conv.name, ""))
         pairs.append([conv, found, "name" if found else ""])
+    from resnet8ptq.layer_errors import tensor_sqnr_db  # the run's own SQNR (resnet8ptq/layer_errors.py)
+
     taken = {id(layer) for _, layer, _ in pairs if layer is not None}
     for pair in pairs:
         if pair[1] is not None:
@@ -374,7 +369,7 @@ def match_layers(
         conv = pair[0]
         values = dequantize(conv.weight, conv.weight_scale, conv.weight_zero_point)
         scored = [
-            (sqnr_db(layer.weight, values), layer)
+            (tensor_sqnr_db(layer.weight, values), layer)
             for layer in fp32
             if id(layer) not in taken and layer.weight.shape == values.shape
         ]

@@ -21,6 +21,7 @@ from omegaconf import MISSING
 from resnet8ptq.device.graph import IntegerModel
 from resnet8ptq.errors import Unsupported
 from resnet8ptq.hardware import usable_cores
+from resnet8ptq.layer_errors import TensorPairs
 from resnet8ptq.spec import LayerError, LayerPrecision, QuantSpec, TensorRange, base_precision
 
 Predictor = Callable[[np.ndarray], np.ndarray]
@@ -155,9 +156,17 @@ class Backend(ABC):
         runs. Backends without a reader refuse it."""
         raise Unsupported(f"backend={self.NAME} has no integer form: it cannot run with device=integer|cim.")
 
-    @abstractmethod
     def layer_errors(self, fp32: Model, quantized: QuantizedModel, images: np.ndarray) -> list[LayerError]:
-        """Per-layer SQNR (dB) of the quantized weights and activations against ``fp32``, on ``images``."""
+        """Per-layer SQNR (dB) of the quantized weights and activations against ``fp32``, on ``images``: one
+        routine for every backend (:func:`resnet8ptq.layer_errors.measure`) over :meth:`tensor_pairs`."""
+        from resnet8ptq.layer_errors import measure
+
+        return measure(self.tensor_pairs(fp32, quantized), images)
+
+    @abstractmethod
+    def tensor_pairs(self, fp32: Model, quantized: QuantizedModel) -> TensorPairs:
+        """The tensors the per-layer SQNR compares: each quantized activation (dequantized, batch by batch)
+        and each conv/dense weight, with the FP32 model's tensor at the same point."""
 
     @abstractmethod
     def mlflow_flavor(self, path: Path) -> MlflowFlavor:

@@ -17,7 +17,7 @@ from resnet8ptq.device.dac import InputProfile
 from resnet8ptq.device.dac import dac_ranges as calibrated_dac_ranges
 from resnet8ptq.device.executor import Arithmetic, Ideal, execute, predictions
 from resnet8ptq.device.graph import IntegerModel
-from resnet8ptq.spec import sqnr_db
+from resnet8ptq.layer_errors import tensor_sqnr_db
 from resnet8ptq.statistics import accuracy_interval
 
 log = logging.getLogger(__name__)
@@ -163,8 +163,9 @@ def layer_sqnr(model: IntegerModel, device: Arithmetic, images: np.ndarray) -> d
         q = layer.output_quant
         zero = q.zero_point if q is not None else 0
         reference = ideal.outputs[layer.output].double() - zero
-        error = real.outputs[layer.output].double() - zero - reference
-        result[layer.name] = sqnr_db(float((reference**2).sum()), float((error**2).sum()))
+        result[layer.name] = tensor_sqnr_db(
+            reference.numpy(), (real.outputs[layer.output].double() - zero).numpy()
+        )
     return result
 
 

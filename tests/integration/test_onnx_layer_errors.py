@@ -15,12 +15,13 @@ from onnxruntime.quantization.qdq_loss_debug import (
     modify_model_output_intermediate_tensors,
 )
 
-from resnet8ptq.backends.onnx import layer_errors
 from resnet8ptq.backends.onnx.backend import OnnxRuntimeBackend
+from resnet8ptq.backends.onnx.layer_errors import STREAM_BATCH, QdqPairs
 from resnet8ptq.backends.onnx.reader import ImageReader, input_name
 from resnet8ptq.calibration import CalibConfig
 from resnet8ptq.data import Cifar10, calibration_set
 from resnet8ptq.dtype import DtypeConfig
+from resnet8ptq.layer_errors import measure
 from resnet8ptq.model import CanonicalModel, layer_name
 from resnet8ptq.spec import QuantSpec
 
@@ -64,11 +65,11 @@ def test_streamed_sqnr_equals_ort_qdq_loss_debug(
     quantized = backend.quantize(canonical_model.onnx_path, calib_images, SPECS[name], tmp_path)
     streamed = {
         e.layer: e.sqnr_db
-        for e in layer_errors.measure(canonical_model.onnx_path, quantized.path, images)
+        for e in measure(QdqPairs(canonical_model.onnx_path, quantized.path), images)
         if e.kind == "activation"
     }
     expected = ort_as_documented(canonical_model.onnx_path, quantized.path, images, tmp_path)
-    assert len(images) % layer_errors.STREAM_BATCH != 0
+    assert len(images) % STREAM_BATCH != 0
     assert len(streamed) >= 11
     assert streamed.keys() == expected.keys() - {"input", "conv2d_1/BiasAdd__6"}
     for layer, sqnr in streamed.items():
@@ -92,7 +93,7 @@ def test_nothing_is_written_beside_the_models(
         return infer_shapes_path(model_path, output_path, *args, **kwargs)
 
     monkeypatch.setattr(onnx.shape_inference, "infer_shapes_path", recording)
-    layer_errors.measure(canonical_model.onnx_path, quantized.path, calib_images[:25])
+    measure(QdqPairs(canonical_model.onnx_path, quantized.path), calib_images[:25])
     assert len(written) == 2, "ORT's shape inference was not seen: the check below would prove nothing"
     shared = {canonical_model.onnx_path.parent, quantized.path.parent}
     assert not [path for path in written if path.parent in shared]

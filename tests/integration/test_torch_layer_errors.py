@@ -20,12 +20,12 @@ from torch import fx
 from resnet8ptq.backends.onnx.backend import OnnxRuntimeBackend
 from resnet8ptq.backends.torch.backend import TorchBackend
 from resnet8ptq.backends.torch.convert import load_program
-from resnet8ptq.backends.torch.layer_errors import compare, layer_pairs, onnx_nodes, record, sqnr_db
+from resnet8ptq.backends.torch.layer_errors import compare, layer_pairs, onnx_nodes, record
 from resnet8ptq.calibration import CalibConfig
 from resnet8ptq.data import Cifar10, calibration_set
 from resnet8ptq.dtype import DtypeConfig
 from resnet8ptq.model import CanonicalModel
-from resnet8ptq.spec import LayerError, QuantSpec
+from resnet8ptq.spec import LayerError, QuantSpec, sqnr_db
 
 LAYER_ERROR_IMAGES = 200
 WEIGHTS = [  # ONNX names (via the ONNX backend's naming) of the 9 conv and 1 dense weights

@@ -23,7 +23,7 @@ from onnxruntime.quantization.calibrate import TensorData, TensorsData, save_ten
 from onnxruntime.quantization.registry import QDQRegistry, QLinearOpsRegistry
 
 from resnet8ptq.backends.base import Backend, MlflowFlavor, Model, QuantizedModel, Runtime
-from resnet8ptq.backends.onnx import layer_errors
+from resnet8ptq.backends.onnx.layer_errors import QdqPairs
 from resnet8ptq.backends.onnx.options import cpu_options
 from resnet8ptq.backends.onnx.reader import ImageReader, input_name
 from resnet8ptq.backends.onnx.widths import (
@@ -37,7 +37,7 @@ from resnet8ptq.backends.onnx.widths import (
 )
 from resnet8ptq.device.graph import IntegerModel
 from resnet8ptq.model import save_onnx
-from resnet8ptq.spec import LayerError, QuantSpec, TensorRange
+from resnet8ptq.spec import QuantSpec, TensorRange
 
 NO_NATIVE = "native execution disabled (backend.native=false): the reference semantics only"
 
@@ -219,9 +219,9 @@ class OnnxRuntimeBackend(Backend):
 
         return integer_model(path)
 
-    def layer_errors(self, fp32: Model, quantized: QuantizedModel, images: np.ndarray) -> list[LayerError]:
-        """SQNR with ORT's ``qdq_loss_debug`` (:func:`.layer_errors.measure`)."""
-        return layer_errors.measure(fp32.source_path, quantized.path, images)
+    def tensor_pairs(self, fp32: Model, quantized: QuantizedModel) -> QdqPairs:
+        """Paired by ORT's ``qdq_loss_debug`` (:class:`.layer_errors.QdqPairs`)."""
+        return QdqPairs(fp32.source_path, quantized.path)
 
     def mlflow_flavor(self, path: Path) -> MlflowFlavor:
         """The ``mlflow.onnx`` flavor; its pyfunc runs ONNX Runtime's CPU provider with all graph

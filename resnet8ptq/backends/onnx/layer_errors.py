@@ -4,13 +4,14 @@
 ORT's ``collect_activations`` keeps every intermediate tensor of every batch (about 290 MB for the two models
 on 200 images), and on a VM the fresh memory pages cost more than running the models (measured: 1.2 s of
 page faults against 0.4 s of compute). So both models run side by side, ``STREAM_BATCH`` images at a time,
-and each batch's tensors are compared and dropped (:func:`measure`): ORT's augmentation, its QDQ matching and
-its SQNR formula (:func:`~resnet8ptq.backends.base.sqnr_db` on sums accumulated batch by batch)."""
+and each batch's tensors are compared and dropped: ORT's augmentation and its QDQ matching give the pairs
+(:class:`QdqPairs`), :mod:`resnet8ptq.layer_errors` sums them and applies ORT's SQNR formula."""
 
 from __future__ import annotations
 
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +20,6 @@ import onnxruntime as ort
 from onnx import numpy_helper
 from onnxruntime.quantization.qdq_loss_debug import (
     _TENSOR_SAVE_POSTFIX,  # the suffix of the outputs the augmentation adds (collect_activations strips it)
-    compute_signal_to_quantization_noice_ratio,
     create_activation_matching,
     modify_model_output_intermediate_tensors,
 )
@@ -28,8 +28,8 @@ from tqdm import tqdm
 from resnet8ptq.backends.onnx.options import cpu_options
 from resnet8ptq.backends.onnx.reader import input_name
 from resnet8ptq.calibration import batches
+from resnet8ptq.layer_errors import Pair
 from resnet8ptq.model import layer_name
-from resnet8ptq.spec import LayerError, sqnr_db
 
 QDQ_OPS = ["QuantizeLinear", "DequantizeLinear"]
 """The QDQ model's nodes whose tensors are compared: each quantized tensor before and after its Q/DQ pair."""
@@ -78,48 +78,47 @@ def dequantized_weights(qdq: onnx.ModelProto) -> dict[str, np.ndarray]:
     return weights
 
 
-def measure(float_path: Path, qdq_path: Path, images: np.ndarray) -> list[LayerError]:
-    """SQNR of each quantized activation (the QDQ model's dequantized tensor) against the float model's tensor
-    at the same point, on ``images``, and of each dequantized conv/gemm weight against its float weight."""
-    lossless = _input_tensors(float_path)  # integer pixels: quantizing them loses nothing (~414 dB)
-    sums: dict[str, tuple[float, float]] = {}
-    with tempfile.TemporaryDirectory(prefix="resnet8ptq-layer-errors-") as tmp:
-        float_model = augmented_session(float_path, Path(tmp) / "float.onnx", None)
-        qdq_model = augmented_session(qdq_path, Path(tmp) / "qdq.onnx", QDQ_OPS)
-    feed_name = input_name(float_path)
-    qdq_outputs = saved_outputs(qdq_model)
-    # The float model saves every intermediate tensor; only those the QDQ model quantizes are fetched.
-    compared = create_activation_matching({name: [] for name in qdq_outputs})
-    float_outputs = [name for name in saved_outputs(float_model) if name in compared and name not in lossless]
-    progress = tqdm(total=-(-len(images) // STREAM_BATCH), desc="Layer errors", unit="batch", leave=False)
-    with progress:
-        for batch in batches(images, STREAM_BATCH):
+class QdqPairs:
+    """The tensor pairs of a QDQ model and its float model (:class:`resnet8ptq.layer_errors.TensorPairs`):
+    each quantized activation (the QDQ model's dequantized tensor) with the float model's tensor at the same
+    point, as ORT's ``create_activation_matching`` pairs them, streamed ``STREAM_BATCH`` images at a time;
+    each dequantized conv/gemm weight with its float weight."""
+
+    def __init__(self, float_path: Path, qdq_path: Path) -> None:
+        self.float_path, self.qdq_path = float_path, qdq_path
+
+    def activations(self, images: np.ndarray) -> Iterator[dict[str, Pair]]:
+        lossless = _input_tensors(self.float_path)  # integer pixels: quantizing them loses nothing (~414 dB)
+        with tempfile.TemporaryDirectory(prefix="resnet8ptq-layer-errors-") as tmp:
+            float_model = augmented_session(self.float_path, Path(tmp) / "float.onnx", None)
+            qdq_model = augmented_session(self.qdq_path, Path(tmp) / "qdq.onnx", QDQ_OPS)
+        feed_name = input_name(self.float_path)
+        qdq_outputs = saved_outputs(qdq_model)
+        # The float model saves every intermediate tensor; only those the QDQ model quantizes are fetched.
+        compared = create_activation_matching({name: [] for name in qdq_outputs})
+        float_outputs = [
+            name for name in saved_outputs(float_model) if name in compared and name not in lossless
+        ]
+        for batch in tqdm(
+            list(batches(images, STREAM_BATCH)), desc="Layer errors", unit="batch", leave=False
+        ):
             feed = {feed_name: np.ascontiguousarray(batch, dtype=np.float32)}
             matched = create_activation_matching(
                 tensors(qdq_model, feed, qdq_outputs), tensors(float_model, feed, float_outputs)
             )
-            for tensor, pair in matched.items():
-                if tensor in lossless or "float" not in pair:
-                    continue
-                x = pair["float"][0]
-                error = x - pair["post_qdq"][0]
-                signal, noise = sums.get(tensor, (0.0, 0.0))
-                # float32 dot products (BLAS; float64 copies of every tensor cost more than the models),
-                # summed over batches in float64: the SQNR moves by under 1e-4 dB.
-                sums[tensor] = (signal + float(np.dot(x, x)), noise + float(np.dot(error, error)))
-            progress.update()
-    errors = [LayerError(layer_name(tensor), "activation", sqnr_db(*sums[tensor])) for tensor in sums]
-    floats = {init.name: init for init in onnx.load(float_path).graph.initializer}
-    errors += [
-        LayerError(
-            layer_name(name),
-            "weight",
-            compute_signal_to_quantization_noice_ratio(numpy_helper.to_array(floats[name]), dequantized),
-        )
-        for name, dequantized in dequantized_weights(onnx.load(qdq_path)).items()
-        if dequantized.ndim >= 2  # conv / gemm weights, not biases
-    ]
-    return errors
+            yield {
+                layer_name(tensor): (pair["float"][0], pair["post_qdq"][0])
+                for tensor, pair in matched.items()
+                if tensor not in lossless and "float" in pair
+            }
+
+    def weights(self) -> dict[str, Pair]:
+        floats = {init.name: init for init in onnx.load(self.float_path).graph.initializer}
+        return {
+            layer_name(name): (numpy_helper.to_array(floats[name]), dequantized)
+            for name, dequantized in dequantized_weights(onnx.load(self.qdq_path)).items()
+            if dequantized.ndim >= 2  # conv / gemm weights, not biases
+        }
 
 
 def augmented_session(path: Path, augmented: Path, op_types: list[str] | None) -> ort.InferenceSession:

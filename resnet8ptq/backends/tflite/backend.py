@@ -21,7 +21,6 @@ import numpy as np
 
 from resnet8ptq import mlperf
 from resnet8ptq.backends.base import KERAS_SOURCE, Backend, MlflowFlavor, Model, QuantizedModel, Runtime
-from resnet8ptq.backends.tflite import layer_errors
 from resnet8ptq.backends.tflite.convert import convert
 from resnet8ptq.backends.tflite.flatbuffer import (
     TFLiteModel,
@@ -31,13 +30,14 @@ from resnet8ptq.backends.tflite.flatbuffer import (
     read,
     weight_granularity,
 )
+from resnet8ptq.backends.tflite.layer_errors import TflitePairs
 from resnet8ptq.backends.tflite.litert_runner import TFLiteRunner
 from resnet8ptq.backends.tflite.private_api import execution_nodes
 from resnet8ptq.device.graph import IntegerModel
 from resnet8ptq.errors import Unsupported
 from resnet8ptq.fetch import sha256_of
 from resnet8ptq.model import converter_versions
-from resnet8ptq.spec import LayerError, QuantSpec
+from resnet8ptq.spec import QuantSpec
 
 NO_NATIVE = (
     "native execution disabled (backend.native=false): only LiteRT's reference integer kernels ran, not its "
@@ -217,10 +217,10 @@ class TFLiteBackend(Backend):
 
         return integer_model(path)
 
-    def layer_errors(self, fp32: Model, quantized: QuantizedModel, images: np.ndarray) -> list[LayerError]:
-        """SQNR of the quantized model against the float .tflite, both on reference kernels
-        (:func:`.layer_errors.measure`)."""
-        return layer_errors.measure(fp32.path, quantized.path, images, self.threads)
+    def tensor_pairs(self, fp32: Model, quantized: QuantizedModel) -> TflitePairs:
+        """The quantized model against the float .tflite, both on reference kernels
+        (:class:`.layer_errors.TflitePairs`)."""
+        return TflitePairs(fp32.path, quantized.path, self.threads)
 
     def mlflow_flavor(self, path: Path) -> MlflowFlavor:
         """A pyfunc logged as code (``pyfunc_model.py`` with ``litert_runner.py``) around the .tflite; it

@@ -12,6 +12,7 @@ which has no TF op name, is named after its op (``softmax``), the dense weight `
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -20,49 +21,52 @@ from tqdm import tqdm
 from resnet8ptq.backends.tflite.flatbuffer import read, tflite_layer_name
 from resnet8ptq.backends.tflite.litert_runner import TFLiteRunner, dequantize
 from resnet8ptq.calibration import batches
+from resnet8ptq.layer_errors import Pair
 from resnet8ptq.model import layer_name
-from resnet8ptq.spec import LayerError, sqnr_db
 
 CHUNK = 100  # images per invoke (every intermediate tensor is kept)
 
 
-def measure(
-    fp32_path: Path, quantized_path: Path, images: np.ndarray, threads: int | None
-) -> list[LayerError]:
-    """SQNR (dB) of every quantized activation (dequantized) against the float model's tensor of the same
-    name, summed over ``images``, and of every dequantized conv/fully-connected weight against its float
-    weight."""
-    fp32, quantized = read(fp32_path), read(quantized_path)
-    float_index = {tensor.name: tensor.index for tensor in fp32.tensors}
-    pairs = {
-        tensor.index: float_index[tensor.name]
-        for tensor in quantized.activations
-        if tensor.index not in quantized.inputs and tensor.name in float_index  # integer pixels: lossless
-    }
-    if not pairs:
-        raise RuntimeError(
-            f"No tensor of {quantized_path} has a counterpart in {fp32_path}: cannot pair layers."
-        )
-    runners = [TFLiteRunner(path, threads, True, True) for path in (fp32_path, quantized_path)]
-    sums = dict.fromkeys(pairs, (0.0, 0.0))
-    for batch in tqdm(list(batches(images, CHUNK)), desc="Layer errors (tflite)", unit="batch", leave=False):
-        for runner in runners:
-            runner.invoke(batch)
-        for index, float_at in pairs.items():
-            tensor = quantized.tensors[index]
-            x = runners[0].interpreter.get_tensor(float_at).astype(np.float64)
-            y = dequantize(runners[1].interpreter.get_tensor(index), tensor.scales[0], tensor.zero_points[0])
-            signal, noise = sums[index]
-            sums[index] = (signal + float(np.square(x).sum()), noise + float(np.square(x - y).sum()))
-    errors = [
-        LayerError(tflite_layer_name(quantized, index), "activation", sqnr_db(*sums[index]))
-        for index in pairs
-    ]
-    floats = {tensor.name: tensor.values for tensor in fp32.tensors if tensor.values is not None}
-    for weight in quantized.weights:
-        x = floats[weight.name].astype(np.float64)
-        noise = float(np.square(x - weight.dequantized()).sum())
-        errors.append(
-            LayerError(layer_name(weight.name), "weight", sqnr_db(float(np.square(x).sum()), noise))
-        )
-    return errors
+class TflitePairs:
+    """The tensor pairs of a quantized .tflite model and its float .tflite
+    (:class:`resnet8ptq.layer_errors.TensorPairs`): every quantized activation (dequantized) with the float
+    model's tensor of the same name, ``CHUNK`` images per invoke; every conv/fully-connected weight."""
+
+    def __init__(self, fp32_path: Path, quantized_path: Path, threads: int | None) -> None:
+        self.paths, self.threads = (fp32_path, quantized_path), threads
+        self.fp32, self.quantized = read(fp32_path), read(quantized_path)
+        float_index = {tensor.name: tensor.index for tensor in self.fp32.tensors}
+        self.pairs = {
+            tensor.index: float_index[tensor.name]
+            for tensor in self.quantized.activations
+            if tensor.index not in self.quantized.inputs and tensor.name in float_index  # pixels: lossless
+        }
+        if not self.pairs:
+            raise RuntimeError(
+                f"No tensor of {quantized_path} has a counterpart in {fp32_path}: cannot pair layers."
+            )
+
+    def activations(self, images: np.ndarray) -> Iterator[dict[str, Pair]]:
+        runners = [TFLiteRunner(path, self.threads, True, True) for path in self.paths]
+        names = {index: tflite_layer_name(self.quantized, index) for index in self.pairs}
+        for batch in tqdm(
+            list(batches(images, CHUNK)), desc="Layer errors (tflite)", unit="batch", leave=False
+        ):
+            for runner in runners:
+                runner.invoke(batch)
+            pairs = {}
+            for index, float_at in self.pairs.items():
+                tensor = self.quantized.tensors[index]
+                x = runners[0].interpreter.get_tensor(float_at)
+                y = dequantize(
+                    runners[1].interpreter.get_tensor(index), tensor.scales[0], tensor.zero_points[0]
+                )
+                pairs[names[index]] = (x, y)
+            yield pairs
+
+    def weights(self) -> dict[str, Pair]:
+        floats = {tensor.name: tensor.values for tensor in self.fp32.tensors if tensor.values is not None}
+        return {
+            layer_name(weight.name): (floats[weight.name], weight.dequantized())
+            for weight in self.quantized.weights
+        }

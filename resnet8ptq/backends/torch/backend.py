@@ -21,7 +21,6 @@ import numpy as np
 import torch
 
 from resnet8ptq.backends.base import Backend, MlflowFlavor, Model, Predictor, QuantizedModel, Runtime
-from resnet8ptq.backends.torch import layer_errors
 from resnet8ptq.backends.torch.compiled import CompileFailed, compile_native, compile_simulated
 from resnet8ptq.backends.torch.convert import (
     example_input,
@@ -31,6 +30,7 @@ from resnet8ptq.backends.torch.convert import (
     onnx_to_torch,
     save_program,
 )
+from resnet8ptq.backends.torch.layer_errors import ProgramPairs, program_pairs
 from resnet8ptq.backends.torch.observers import split_shared_observers
 from resnet8ptq.backends.torch.program import (
     check_quantized,
@@ -48,7 +48,7 @@ from resnet8ptq.backends.torch.quantizer import (
     make_quantizer,
 )
 from resnet8ptq.device.graph import IntegerModel
-from resnet8ptq.spec import LayerError, QuantSpec, base_precision
+from resnet8ptq.spec import QuantSpec, base_precision
 
 log = logging.getLogger(__name__)
 
@@ -161,10 +161,10 @@ class TorchBackend(Backend):
 
         return integer_model(path)
 
-    def layer_errors(self, fp32: Model, quantized: QuantizedModel, images: np.ndarray) -> list[LayerError]:
-        """SQNR of the saved quantized program (its q/dq form, also for native runs) against the saved FP32
-        program (:func:`.layer_errors.measure`)."""
-        return layer_errors.measure(fp32.path, quantized.path, fp32.source_path, images)
+    def tensor_pairs(self, fp32: Model, quantized: QuantizedModel) -> ProgramPairs:
+        """The saved quantized program (its q/dq form, also for native runs) against the saved FP32 program
+        (:func:`.layer_errors.program_pairs`)."""
+        return program_pairs(fp32.path, quantized.path, fp32.source_path)
 
     def mlflow_flavor(self, path: Path) -> MlflowFlavor:
         """A pyfunc logged as code (``pyfunc_model.py``) around the ``.pt2``; it needs torch and torchao."""

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -14,6 +13,7 @@ import numpy as np
 import torch
 from torch import fx
 
+from resnet8ptq import layer_errors
 from resnet8ptq.backends.torch.convert import (
     example_input,
     export,
@@ -24,9 +24,9 @@ from resnet8ptq.backends.torch.convert import (
 )
 from resnet8ptq.backends.torch.program import WEIGHTED_OPS, count_targets, is_zero_pad, qdq_op
 from resnet8ptq.calibration import batches
+from resnet8ptq.layer_errors import Pair
 from resnet8ptq.model import layer_name
 from resnet8ptq.simulation import torch_threads
-from resnet8ptq.spec import LayerError, sqnr_db
 
 log = logging.getLogger(__name__)
 
@@ -77,17 +77,45 @@ def record(
         yield recorder.values
 
 
-def _pair_values(
-    layer: str, ref: str, node: str, ref_values: dict[str, torch.Tensor], values: dict[str, torch.Tensor]
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The recorded FP32 and quantized tensors of one pair, which must have the same shape."""
-    x, y = ref_values[ref], values[node]
-    if x.shape != y.shape:
-        raise RuntimeError(
-            f"{layer}: FP32 {ref} has shape {tuple(x.shape)}, quantized {node} {tuple(y.shape)}; the graphs "
-            f"are matched wrongly."
+class ProgramPairs:
+    """The tensor pairs of a quantized program and the FP32 program
+    (:class:`resnet8ptq.layer_errors.TensorPairs`): the outputs of the paired nodes (:func:`layer_pairs`),
+    recorded batch by batch on one thread; the weights (constants) from the first batch's recording."""
+
+    def __init__(
+        self,
+        reference: fx.GraphModule,
+        measured: fx.GraphModule,
+        activations: Pairs,
+        weights: Pairs,
+        batch_size: int = LAYER_ERROR_BATCH,
+    ) -> None:
+        self.modules, self.pairs, self.weight_pairs = (reference, measured), activations, weights
+        self.batch_size = batch_size
+        self.recorded_weights: dict[str, Pair] = {}
+
+    def activations(self, images: np.ndarray) -> Iterator[dict[str, Pair]]:
+        nodes = [*self.pairs.values(), *self.weight_pairs.values()]
+        runs = zip(
+            record(self.modules[0], {ref for ref, _ in nodes}, images, self.batch_size),
+            record(self.modules[1], {node for _, node in nodes}, images, self.batch_size),
+            strict=True,
         )
-    return x, y
+        with torch_threads(LAYER_ERROR_THREADS), torch.inference_mode():
+            for ref_values, values in runs:
+                if not self.recorded_weights:
+                    self.recorded_weights = _paired(self.weight_pairs, ref_values, values)
+                yield _paired(self.pairs, ref_values, values)
+
+    def weights(self) -> dict[str, Pair]:
+        return self.recorded_weights
+
+
+def _paired(
+    pairs: Pairs, ref_values: dict[str, torch.Tensor], values: dict[str, torch.Tensor]
+) -> dict[str, Pair]:
+    """The recorded (FP32, quantized) tensors of each pair, as arrays."""
+    return {layer: (ref_values[ref].numpy(), values[node].numpy()) for layer, (ref, node) in pairs.items()}
 
 
 def compare(
@@ -98,38 +126,14 @@ def compare(
     images: np.ndarray,
     batch_size: int = LAYER_ERROR_BATCH,
 ) -> tuple[dict[str, float], dict[str, float]]:
-    """SQNR (dB) of each activation and each weight pair: the measured node's output against the
-    reference node's, keyed like the pairs.
-
-    Activations are summed over all ``images``; weights do not depend on the input and are compared once
-    (with ORT's function itself). Raises if a pair's shapes differ: then the graphs were matched wrongly.
-    """
-    from onnxruntime.quantization.qdq_loss_debug import compute_signal_to_quantization_noice_ratio as ort_sqnr
-
-    if len(images) == 0:
-        raise ValueError("No images to measure layer errors on.")
-    sums = dict.fromkeys(activations, (0.0, 0.0))
-    weight_sqnr: dict[str, float] = {}
-    nodes = [*activations.values(), *weights.values()]
-    runs = zip(
-        record(reference, {ref for ref, _ in nodes}, images, batch_size),
-        record(measured, {node for _, node in nodes}, images, batch_size),
-        strict=True,
-    )
-    with torch_threads(LAYER_ERROR_THREADS), torch.inference_mode():
-        for ref_values, values in runs:
-            for layer, (ref, node) in activations.items():
-                x, y = _pair_values(layer, ref, node, ref_values, values)
-                signal, noise = sums[layer]
-                sums[layer] = (
-                    signal + float(x.double().square().sum()),
-                    noise + float((x - y).double().square().sum()),
-                )
-            for layer, (ref, node) in weights.items():
-                if layer not in weight_sqnr:
-                    x, y = _pair_values(layer, ref, node, ref_values, values)
-                    weight_sqnr[layer] = ort_sqnr(x.numpy(), y.numpy())
-    return {layer: sqnr_db(*sums[layer]) for layer in activations}, weight_sqnr
+    """SQNR (dB) of each activation pair (summed over all ``images``) and each weight pair, keyed like the
+    pairs (:func:`resnet8ptq.layer_errors.measure` over :class:`ProgramPairs`). Raises if a pair's shapes
+    differ: then the graphs were matched wrongly."""
+    errors = layer_errors.measure(ProgramPairs(reference, measured, activations, weights, batch_size), images)
+    by_kind = {
+        kind: {e.layer: e.sqnr_db for e in errors if e.kind == kind} for kind in ("activation", "weight")
+    }
+    return by_kind["activation"], by_kind["weight"]
 
 
 def _graph_signature(graph: fx.Graph) -> list[tuple[str, str, str]]:
@@ -224,16 +228,10 @@ def layer_pairs(
     return activations, weights
 
 
-def measure(fp32_path: Path, quantized_path: Path, onnx_path: Path, images: np.ndarray) -> list[LayerError]:
-    """SQNR of each quantized activation (where it is dequantized) and each conv/linear weight of the saved
-    quantized program against the saved FP32 program, on ``images``; layers named after ``onnx_path``."""
-    start = time.perf_counter()
+def program_pairs(fp32_path: Path, quantized_path: Path, onnx_path: Path) -> ProgramPairs:
+    """The pairs of the saved quantized program against the saved FP32 program (:func:`layer_pairs`), layers
+    named after ``onnx_path``."""
     stat = fp32_path.stat()
     fp32_module, names = fp32_side(fp32_path, (stat.st_size, stat.st_mtime_ns), onnx_path)
     quantized_module = load_program(quantized_path).module()
-    activations, weights = layer_pairs(fp32_module, quantized_module, names)
-    activation_sqnr, weight_sqnr = compare(fp32_module, quantized_module, activations, weights, images)
-    log.info("torch layer errors on %d images in %.1f s", len(images), time.perf_counter() - start)
-    return [LayerError(layer, "weight", sqnr) for layer, sqnr in weight_sqnr.items()] + [
-        LayerError(layer, "activation", sqnr) for layer, sqnr in activation_sqnr.items()
-    ]
+    return ProgramPairs(fp32_module, quantized_module, *layer_pairs(fp32_module, quantized_module, names))
