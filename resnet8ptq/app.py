@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import atexit
 import errno
+import functools
 import logging
 import re
 import tempfile
@@ -67,16 +68,19 @@ def task(cfg: DictConfig) -> float | list[float] | None:
     known failures as :class:`RunFailed`.
     """
     from resnet8ptq.errors import TargetNotReached
-    from resnet8ptq.pipeline import run  # the libraries: imported when a job runs, not at start-up
+    from resnet8ptq.pipeline import run as run_one  # the libraries: imported when a job runs, not at start-up
     from resnet8ptq.search.budget import run_within_budget
     from resnet8ptq.search.target import reach_target
+    from resnet8ptq.shared import PROCESS
+
+    run = functools.partial(run_one, shared=PROCESS)  # the jobs of this process share PROCESS
 
     hydra_cfg = HydraConfig.get()
     output_dir = Path(hydra_cfg.runtime.output_dir)
     try:
         objectives = search_settings(cfg).objectives
         if cfg.target.max_bops is not None or cfg.target.max_weight_bits is not None:
-            run_id = run_within_budget(cfg, output_dir, run)
+            run_id = run_within_budget(cfg, output_dir, run, PROCESS)
         elif cfg.target.max_drop_points is not None:
             run_id = reach_target(cfg, output_dir, run)
         else:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import time
@@ -52,6 +51,7 @@ from resnet8ptq.mcu.config import McuConfig, mcu_settings
 from resnet8ptq.mlperf import perf_subset_indices
 from resnet8ptq.model import CanonicalModel, canonical_onnx, conversion_key, resolve_h5
 from resnet8ptq.records import ModelRecord, Quantization, RunContext
+from resnet8ptq.shared import Shared
 from resnet8ptq.spec import QuantSpec
 from resnet8ptq.tracking.identity import config_hash, git_commit, run_params
 from resnet8ptq.tracking.models import content_digest, numpy_dataset
@@ -66,26 +66,23 @@ log = logging.getLogger(__name__)
 LAYER_ERROR_IMAGES = 200  # calibration images used for the per-layer SQNR analysis
 
 
-def run(cfg: DictConfig, output_dir: Path, extra_tags: Mapping[str, str] | None = None) -> str:
+def run(
+    cfg: DictConfig, output_dir: Path, extra_tags: Mapping[str, str] | None = None, *, shared: Shared
+) -> str:
     """Quantize, evaluate and log one configuration (``extra_tags`` on its run); return the id of its run, or
-    of the earlier FINISHED run of the same configuration that it resumes."""
+    of the earlier FINISHED run of the same configuration that it resumes. ``shared``: what the runs of this
+    process share (:mod:`resnet8ptq.shared`; a test passes its own)."""
     drawing.start()  # the charts' process starts up while the run sets up
     spec = quant_spec(cfg)  # invalid settings fail here, before any work
     algo: AlgoConfig = OmegaConf.to_object(cfg.algo)  # validated by quant_spec
     device: DeviceConfig = OmegaConf.to_object(cfg.device)  # validated by quant_spec
     mcu = mcu_settings(cfg.mcu)
     experiment_id = configure(cfg.mlflow)
-    backend = make_backend(cfg)
+    backend = make_backend(cfg, shared)
     params = run_params(cfg)
-    granularity = ("pc" if spec.per_channel else "pt") + ("-rr" if spec.reduce_range else "")
     backend.check(spec)  # a configuration the backend cannot run exactly is refused here, before any work
     backend.check_algorithms(algo.steps)
-    weights = "-wmse" if spec.calib.weights == "mse" else ""
-    run_name = f"{backend.NAME}-{spec.dtype.label}-{spec.calib.method}{weights}-{granularity}"
-    run_name += "".join(f"-{step}" for step in algo.steps)
-    run_name += f"-raised{len(spec.raised_layers)}" if spec.raised_layers else ""
-    run_name += f"-mix{len(spec.layer_bits)}" if spec.layer_bits else ""
-    run_name += f"-{device.label}" if device.enabled else ""
+    run_name = name_of_run(backend.NAME, spec, algo, device)
     identity = result_identity(cfg, backend)
     extra_tags = dict(extra_tags or {})
     if spec.raised_layers or spec.layer_bits:  # names and widths checked before any work
@@ -113,49 +110,36 @@ def run(cfg: DictConfig, output_dir: Path, extra_tags: Mapping[str, str] | None 
     with child_run(experiment_id, run_name, tags | extra_tags, params) as run_id:
         # 1. Data: verified CIFAR-10, stratified calibration sample of the training split, MLPerf Tiny's
         #    performance subset of the test split.
-        data = load_dataset(cfg.data.root, cfg.data.download, cfg.cache_dir)
-        calibration_images, _ = calibration_set(data, cfg.data.calib_per_class, cfg.data.seed)
-        test_images, test_labels = test_set(data)
-        perf_subset = perf_subset_indices(Path(cfg.cache_dir))
+        inputs = run_inputs(cfg, shared)
 
         # 2. FP32 model: the canonical ONNX (the .h5 for a backend that converts Keras itself), in this
         #    backend, with its accuracy as the baseline; published quantized models beside it.
         canonical = fp32_model(cfg.model.path, cfg.model.sha256, Path(cfg.cache_dir))
         source = source_path(backend, canonical, canonical.onnx_path)
         drawing.wait_started()  # its start-up over before anything is timed
-        baseline = fp32_baseline(backend, source, Path(cfg.cache_dir), data)
+        baseline = fp32_baseline(shared, backend, source, Path(cfg.cache_dir), inputs.data)
         context = {
-            "data.verified": f"md5 ({data.layout} layout)",
+            "data.verified": f"md5 ({inputs.data.layout} layout)",
             "model.sha256": canonical.h5_sha256,
             **{f"version.{lib}": version for lib, version in backend.versions().items()},
             **hardware.detect().tags(),
         }
         set_tags(run_id, context)
-        inputs = run_inputs(data, cfg.data.calib_per_class, cfg.data.seed)
-        fp32_record = model_record(cfg, backend, baseline.model.path, test_images, inputs.fp32)
-        record = RunContext(experiment_id, params, tags | context, baseline, perf_subset, output_dir)
+        fp32_record = model_record(
+            cfg, backend, baseline.model.path, inputs.test_images, inputs.datasets.fp32
+        )
+        record = RunContext(experiment_id, params, tags | context, baseline, inputs.perf_subset, output_dir)
         records.log_baseline_once(record, backend.NAME, fp32_record)
-        log_published_once(cfg, record, backend, data, mcu, device)
+        log_published_once(cfg, record, backend, inputs, mcu, device)
 
         # 3-4. PTQ algorithms on the FP32 model (`algo`), quantize, and evaluate on the full test set: the
         #      reference semantics, and the runtime form on this CPU. Device runs of one quantization (a
         #      sweep over `device.*`) quantize and evaluate it once, in the first of them.
-        made = QUANTIZED.get(quantization_key) if device.enabled else None
+        made = shared.quantized.get(quantization_key) if device.enabled else None
         if made is None:
-            made = quantize_and_evaluate(
-                cfg,
-                backend,
-                spec,
-                algo,
-                canonical,
-                calibration_images,
-                test_images,
-                test_labels,
-                output_dir,
-                run_name,
-            )
+            made = quantize_and_evaluate(cfg, backend, spec, algo, canonical, inputs, output_dir, run_name)
             if device.enabled:
-                QUANTIZED.put(quantization_key, made)
+                shared.quantized.put(quantization_key, made)
         else:
             set_tags(run_id, {"device.quantization_run": made.run_name})
             log.info("%s: reusing the quantized model of %s", run_name, made.run_name)
@@ -182,24 +166,21 @@ def run(cfg: DictConfig, output_dir: Path, extra_tags: Mapping[str, str] | None 
                     if not algo.steps
                     else backend.load_fp32(prepared.onnx_path, output_dir / "algo")
                 )
-                images = calibration_images[:LAYER_ERROR_IMAGES]
+                images = inputs.calibration_images[:LAYER_ERROR_IMAGES]
                 made.layer_errors = backend.layer_errors(given, quantized, images)
                 quantized.metrics["layer_analysis_seconds"] = time.perf_counter() - start
 
         # 5. The device (`device`): the saved model's integer form run as the device computes, every image.
         device_result = on_device(
-            cfg, device, backend, quantized.path, data, result.reference.predictions, perf_subset, run_name,
-            made.adc_profiles,
-        )  # fmt: skip
+            device, backend, quantized.path, inputs, result.reference.predictions, run_name, made.adc_profiles
+        )
 
         # 6. The microcontroller (`mcu`; TFLite models): every test image in TFLite Micro against the
         #    reference kernels, the tensor arena and flash, the boards it fits, Vela's NPU estimate.
-        mcu_result = on_mcu(
-            cfg, mcu, backend, quantized.path, test_images, result.reference, perf_subset, run_name
-        )
+        mcu_result = on_mcu(cfg, mcu, backend, quantized.path, inputs, result.reference, run_name)
 
         # 7. Log.
-        model = model_record(cfg, backend, quantized.path, test_images, inputs.quantized)
+        model = model_record(cfg, backend, quantized.path, inputs.test_images, inputs.datasets.quantized)
         records.log_quantized(record, run_id, run_name, cfg, made, evaluation, model)
         if device_result is not None:
             records.log_device(record, run_id, device_result, result.reference.predictions)
@@ -208,25 +189,16 @@ def run(cfg: DictConfig, output_dir: Path, extra_tags: Mapping[str, str] | None 
     return run_id
 
 
-class Recent:
-    """The few most recent quantizations of this process, by the config_hash of their settings without
-    `device` (a sweep over device settings quantizes once)."""
-
-    def __init__(self, size: int = 2) -> None:
-        self.size = size
-        self._items: dict[str, Quantization] = {}
-
-    def get(self, key: str) -> Quantization | None:
-        return self._items.get(key)
-
-    def put(self, key: str, made: Quantization) -> None:
-        self._items.pop(key, None)
-        self._items[key] = made
-        while len(self._items) > self.size:
-            self._items.pop(next(iter(self._items)))
-
-
-QUANTIZED = Recent()
+def name_of_run(backend: str, spec: QuantSpec, algo: AlgoConfig, device: DeviceConfig) -> str:
+    """A quantized run's name: backend, types, calibration, granularity, then what is not the default (the
+    algorithms, raised or mixed layers, the device): ``onnx-int8-int8-minmax-pc-cle-cim-r128-adc4``."""
+    granularity = ("pc" if spec.per_channel else "pt") + ("-rr" if spec.reduce_range else "")
+    weights = "-wmse" if spec.calib.weights == "mse" else ""
+    name = f"{backend}-{spec.dtype.label}-{spec.calib.method}{weights}-{granularity}"
+    name += "".join(f"-{step}" for step in algo.steps)
+    name += f"-raised{len(spec.raised_layers)}" if spec.raised_layers else ""
+    name += f"-mix{len(spec.layer_bits)}" if spec.layer_bits else ""
+    return name + (f"-{device.label}" if device.enabled else "")
 
 
 def without_device(params: Mapping[str, object]) -> dict[str, object]:
@@ -240,27 +212,25 @@ def quantize_and_evaluate(
     spec: QuantSpec,
     algo: AlgoConfig,
     canonical: CanonicalModel,
-    calibration_images: np.ndarray,
-    test_images: np.ndarray,
-    test_labels: np.ndarray,
+    inputs: RunInputs,
     output_dir: Path,
     run_name: str,
 ) -> Quantization:
     """The PTQ algorithms on the FP32 model (`algo`), the quantization, the check of its layers (raised,
     first and last), and the evaluation of both forms on the full test set."""
+    calibration = inputs.calibration_images
     prepared = prepare(
-        algo, canonical.onnx_path, calibration_images, spec, output_dir / "algo", cfg.data.seed,
-        Path(cfg.cache_dir),
-    )  # fmt: skip
+        algo, canonical.onnx_path, calibration, spec, output_dir / "algo", cfg.data.seed, Path(cfg.cache_dir)
+    )
     source = source_path(backend, canonical, prepared.onnx_path)
-    quantized = backend.quantize(source, calibration_images, prepared.learned(spec), output_dir / "model")
+    quantized = backend.quantize(source, calibration, prepared.learned(spec), output_dir / "model")
     graph = onnx.load(prepared.onnx_path)
     shared = check_layers(quantized, spec, graph)
     first_last = check_first_last(quantized.layers, graph, spec)
     own = check_own_widths(quantized.layers, graph, spec)
     quantized.metrics |= configured_cost(graph, spec).metrics()  # the widths the checks above confirmed
     tolerance = cfg.native_tolerance_points
-    result = evaluate_quantized(quantized, test_images, test_labels, run_name, tolerance)
+    result = evaluate_quantized(quantized, inputs.test_images, inputs.test_labels, run_name, tolerance)
     tags = {"dtype.first_last": first_last} if first_last else {}
     tags |= {"layer_bits": own} if own else {}
     return Quantization(run_name, prepared, quantized, shared, result, tags=tags)
@@ -289,12 +259,15 @@ def check_layers(quantized: QuantizedModel, spec: QuantSpec, graph: onnx.ModelPr
     return sharing(graph)
 
 
-def make_backend(cfg: DictConfig) -> Backend:
-    """The configured backend (``cfg.backend._target_`` with its options), one instance per process and
+def make_backend(cfg: DictConfig, shared: Shared) -> Backend:
+    """The configured backend (``cfg.backend._target_`` with its options), one instance per ``shared`` and
     settings: a multirun's jobs in one process share it and with it their FP32 baseline."""
     settings = OmegaConf.to_yaml(cfg.backend, resolve=True)
+    threads = threads_per_run(cfg)
     try:
-        return _backend(settings, threads_per_run(cfg))
+        return shared.get(
+            "backend", (settings, threads), lambda: instantiate(OmegaConf.create(settings), threads=threads)
+        )
     except InstantiationException as err:
         missing = next((e for e in _causes(err) if isinstance(e, ImportError)), None)
         if missing is None:
@@ -304,11 +277,6 @@ def make_backend(cfg: DictConfig) -> Backend:
             f"{cfg.backend._target_} needs packages that are not installed ({missing}). "
             f"Install them with: pip install -e '.[{extra}]'"
         ) from err
-
-
-@functools.cache
-def _backend(settings: str, threads: int | None) -> Backend:
-    return instantiate(OmegaConf.create(settings), threads=threads)
 
 
 def _causes(err: BaseException) -> list[BaseException]:
@@ -360,15 +328,18 @@ def threads_per_run(cfg: DictConfig) -> int:
     return max(1, cores // (cores if n_jobs < 0 else n_jobs))
 
 
-@functools.cache
-def load_dataset(root: str, download: bool, cache_dir: str) -> Cifar10:
-    """CIFAR-10, verified and read once per process (a multirun reuses it); the files' MD5s are kept in
+def load_dataset(shared: Shared, root: str, download: bool, cache_dir: str) -> Cifar10:
+    """CIFAR-10, verified and read once per ``shared`` (a multirun reuses it); the files' MD5s are kept in
     the cache directory until a file changes."""
-    return load_cifar10(Path(root), download=download, md5_cache=Path(cache_dir) / MD5_CACHE)
+    return shared.get(
+        "dataset",
+        (root, download, cache_dir),
+        lambda: load_cifar10(Path(root), download=download, md5_cache=Path(cache_dir) / MD5_CACHE),
+    )
 
 
 @dataclass(frozen=True)
-class RunInputs:
+class LoggedDatasets:
     """The datasets a run logs as inputs: an FP32 run is evaluated on the test set, a quantized run also
     calibrated on the calibration sample."""
 
@@ -376,23 +347,63 @@ class RunInputs:
     quantized: dict[str, NumpyDataset]
 
 
-@functools.cache
-def run_inputs(data: Cifar10, per_class: int, seed: int) -> RunInputs:
-    """The test set and the calibration sample as MLflow datasets (digests from their contents), once per
-    process and sample."""
+@dataclass(frozen=True)
+class RunInputs:
+    """What one run works on (:func:`run_inputs`): CIFAR-10, the test set as model input with its labels, the
+    calibration sample (``per_class`` training images per class drawn with ``seed``), MLPerf Tiny's
+    performance subset of the test set, and the datasets the run logs."""
+
+    data: Cifar10
+    test_images: np.ndarray
+    test_labels: np.ndarray
+    calibration_images: np.ndarray
+    perf_subset: np.ndarray
+    datasets: LoggedDatasets
+    per_class: int
+    seed: int
+
+    def calibration_sample(self) -> dict[str, object]:
+        """Which training images the calibration sample is, for a hardware team's export (crossbar.json)."""
+        return {
+            "split": "CIFAR-10 training batches data_batch_1..5, concatenated in file order (50,000 images)",
+            "per_class": self.per_class,
+            "seed": self.seed,
+            "indices": calibration_indices(self.data.train_labels, self.per_class, self.seed).tolist(),
+            "images": "NHWC raw 0-255 pixels as the model takes them (no normalisation)",
+        }
+
+
+def run_inputs(cfg: DictConfig, shared: Shared) -> RunInputs:
+    """The run's :class:`RunInputs`: verified CIFAR-10, the stratified calibration sample of the training
+    split, MLPerf Tiny's performance subset of the test split (the data, test set and datasets kept in
+    ``shared``)."""
+    data = load_dataset(shared, cfg.data.root, cfg.data.download, cfg.cache_dir)
+    per_class, seed = cfg.data.calib_per_class, cfg.data.seed
+    test_images, test_labels = test_set(shared, data)
+    calibration_images, _ = calibration_set(data, per_class, seed)
+    datasets = shared.get(
+        "run_inputs", (data, per_class, seed), lambda: logged_datasets(shared, data, per_class, seed)
+    )
+    perf_subset = perf_subset_indices(Path(cfg.cache_dir))
+    return RunInputs(
+        data, test_images, test_labels, calibration_images, perf_subset, datasets, per_class, seed
+    )
+
+
+def logged_datasets(shared: Shared, data: Cifar10, per_class: int, seed: int) -> LoggedDatasets:
+    """The test set and the calibration sample as MLflow datasets (digests from their contents)."""
     source = str(data.root / (BINARY_DIR if data.layout == "binary" else PYTHON_DIR))
-    images, labels = test_set(data)
+    images, labels = test_set(shared, data)
     test = numpy_dataset("cifar10-test", images, labels, source, content_digest(images, labels))
     images, labels = calibration_set(data, per_class, seed)
     name = f"cifar10-train-calibration-{per_class}x10-seed{seed}"
     calibration = numpy_dataset(name, images, labels, source, content_digest(images, labels))
-    return RunInputs({"evaluation": test}, {"evaluation": test, "calibration": calibration})
+    return LoggedDatasets({"evaluation": test}, {"evaluation": test, "calibration": calibration})
 
 
-@functools.cache
-def test_set(data: Cifar10) -> tuple[np.ndarray, np.ndarray]:
-    """All 10,000 test images as model input, with their labels."""
-    return to_model_input(data.test_images), data.test_labels
+def test_set(shared: Shared, data: Cifar10) -> tuple[np.ndarray, np.ndarray]:
+    """All 10,000 test images as model input, with their labels (once per ``shared`` and dataset)."""
+    return shared.get("test_set", (data,), lambda: (to_model_input(data.test_images), data.test_labels))
 
 
 def source_path(backend: Backend, canonical: CanonicalModel, onnx_path: Path) -> Path:
@@ -402,13 +413,11 @@ def source_path(backend: Backend, canonical: CanonicalModel, onnx_path: Path) ->
 
 
 def on_device(
-    cfg: DictConfig,
     device: DeviceConfig,
     backend: Backend,
     path: Path,
-    data: Cifar10,
+    inputs: RunInputs,
     reference_predictions: np.ndarray,
-    perf_subset: np.ndarray,
     name: str,
     adc_profiles: dict | None = None,
 ) -> records.OnDevice | None:
@@ -419,54 +428,41 @@ def on_device(
         return None
     from resnet8ptq.device.evaluate import evaluate_device  # torch: only for device runs
 
-    test_images, test_labels = test_set(data)
-    calibration_images, _ = calibration_set(data, cfg.data.calib_per_class, cfg.data.seed)
     integer = backend.integer_model(path)
     result = evaluate_device(
-        integer, device, test_images, test_labels, calibration_images, reference_predictions, perf_subset,
-        name, adc_profiles,
+        integer, device, inputs.test_images, inputs.test_labels, inputs.calibration_images,
+        reference_predictions, inputs.perf_subset, name, adc_profiles,
     )  # fmt: skip
     log.info(
         "%s: accuracy on device %s %.4f (%d predictions differ from the reference)",
         name, device.label, result.accuracy, result.differing_from_reference,
     )  # fmt: skip
-    sample = calibration_sample(data, cfg.data.calib_per_class, cfg.data.seed)
-    return records.OnDevice(result, integer, test_images, sample)
-
-
-def calibration_sample(data: Cifar10, per_class: int, seed: int) -> dict[str, object]:
-    """Which training images the calibration sample is, for a hardware team's export (crossbar.json)."""
-    return {
-        "split": "CIFAR-10 training batches data_batch_1..5, concatenated in file order (50,000 images)",
-        "per_class": per_class,
-        "seed": seed,
-        "indices": calibration_indices(data.train_labels, per_class, seed).tolist(),
-        "images": "NHWC raw 0-255 pixels as the model takes them (no normalisation)",
-    }
+    return records.OnDevice(result, integer, inputs.test_images, inputs.calibration_sample())
 
 
 def log_published_once(
-    cfg: DictConfig, record: RunContext, backend: Backend, data: Cifar10, mcu: McuConfig, device: DeviceConfig
+    cfg: DictConfig,
+    record: RunContext,
+    backend: Backend,
+    inputs: RunInputs,
+    mcu: McuConfig,
+    device: DeviceConfig,
 ) -> None:
     """Evaluate each quantized model published for the backend's format (:meth:`Backend.published_models`)
     on the test set like the backend's own (on the microcontroller path and the run's ``device`` too), and
     log it as a run of its own, once per sweep (on the device of the sweep's run that logs it first)."""
-    test_images, test_labels = test_set(data)
-    inputs = run_inputs(data, cfg.data.calib_per_class, cfg.data.seed)
     for name, published in backend.published_models(Path(cfg.cache_dir)).items():
         with first_in_sweep(record.experiment_id, **{records.REFERENCE_TAG: name}) as first:
             if not first:
                 continue
             tolerance = cfg.native_tolerance_points
-            result = evaluate_quantized(published, test_images, test_labels, f"{name} (published)", tolerance)
-            model = model_record(cfg, backend, published.path, test_images, inputs.fp32)
-            on_mcu_result = on_mcu(
-                cfg, mcu, backend, published.path, test_images, result.reference, record.perf_subset, name
-            )
+            images, labels = inputs.test_images, inputs.test_labels
+            result = evaluate_quantized(published, images, labels, f"{name} (published)", tolerance)
+            model = model_record(cfg, backend, published.path, images, inputs.datasets.fp32)
+            on_mcu_result = on_mcu(cfg, mcu, backend, published.path, inputs, result.reference, name)
             device_result = on_device(
-                cfg, device, backend, published.path, data, result.reference.predictions,
-                record.perf_subset, f"{name} (published)",
-            )  # fmt: skip
+                device, backend, published.path, inputs, result.reference.predictions, f"{name} (published)"
+            )
             records.log_published(record, name, published, result, model, on_mcu_result, device_result)
 
 
@@ -475,21 +471,20 @@ def on_mcu(
     mcu: McuConfig,
     backend: Backend,
     path: Path,
-    test_images: np.ndarray,
+    inputs: RunInputs,
     reference: Evaluation,
-    perf_subset: np.ndarray,
     name: str,
 ) -> McuResult | None:
     """The model at ``path`` on the microcontroller path, compared with its ``reference`` evaluation on
-    ``test_images`` (LiteRT's reference kernels); None unless the backend's models run in TFLite Micro and
+    the test images (LiteRT's reference kernels); None unless the backend's models run in TFLite Micro and
     ``mcu.enabled``."""
     if not (mcu.enabled and backend.MCU):
         return None
     from resnet8ptq.mcu.evaluate import evaluate_mcu  # TFLM and Vela: only for TFLite models
 
     result = evaluate_mcu(
-        path, mcu, test_images, reference.labels, reference.probabilities, perf_subset, Path(cfg.cache_dir),
-        threads_per_run(cfg), f"{name}: TFLite Micro",
+        path, mcu, inputs.test_images, reference.labels, reference.probabilities, inputs.perf_subset,
+        Path(cfg.cache_dir), threads_per_run(cfg), f"{name}: TFLite Micro",
     )  # fmt: skip
     log.info(
         "%s: TFLite Micro accuracy %.4f; %s; arena %d bytes, flash %d bytes; fits %s",
@@ -509,8 +504,14 @@ def fp32_model(path: str | None, sha256: str | None, cache_dir: Path) -> Canonic
     return canonical_onnx(h5, actual_sha256, cache_dir)
 
 
-@functools.cache
-def fp32_baseline(backend: Backend, onnx_path: Path, cache_dir: Path, data: Cifar10) -> Baseline:
-    """The backend's FP32 model evaluated on the test set, once per backend instance (see make_backend)."""
-    model = backend.load_fp32(onnx_path, cache_dir / backend.NAME)
-    return evaluate_baseline(model, *test_set(data), f"{backend.NAME}-fp32")
+def fp32_baseline(
+    shared: Shared, backend: Backend, onnx_path: Path, cache_dir: Path, data: Cifar10
+) -> Baseline:
+    """The backend's FP32 model evaluated on the test set, once per ``shared``, backend instance (see
+    make_backend), model file and dataset."""
+
+    def evaluate() -> Baseline:
+        model = backend.load_fp32(onnx_path, cache_dir / backend.NAME)
+        return evaluate_baseline(model, *test_set(shared, data), f"{backend.NAME}-fp32")
+
+    return shared.get("baseline", (backend, onnx_path, cache_dir, data), evaluate)

@@ -45,6 +45,7 @@ from omegaconf import DictConfig, OmegaConf
 from resnet8ptq.cost import ModelCost, configured_widths, layer_shapes, model_cost
 from resnet8ptq.errors import ConfigError
 from resnet8ptq.search.target import TargetConfig
+from resnet8ptq.shared import Shared
 from resnet8ptq.spec import QuantSpec
 
 log = logging.getLogger(__name__)
@@ -75,10 +76,10 @@ class Mix:
     predicted_noise: float
 
 
-def run_within_budget(cfg: DictConfig, output_dir: Path, run: Callable[..., str]) -> str:
+def run_within_budget(cfg: DictConfig, output_dir: Path, run: Callable[..., str], shared: Shared) -> str:
     """Choose the mix for ``cfg.target``'s budgets and run it (``run(cfg, output_dir, tags)``,
     :func:`resnet8ptq.pipeline.run`); return the run's id. A budget no mix meets is a ConfigError before any
-    measurement."""
+    measurement. ``shared``: the process's shared objects (:mod:`resnet8ptq.shared`)."""
     from resnet8ptq.config import quant_spec
     from resnet8ptq.data import calibration_set
     from resnet8ptq.pipeline import fp32_model, load_dataset, make_backend
@@ -91,8 +92,8 @@ def run_within_budget(cfg: DictConfig, output_dir: Path, run: Callable[..., str]
     candidates = choosable(model, spec, with_activations=target.max_bops is not None)
     check_feasible(model, spec, candidates, target)
     # A backend that cannot hold layers of their own width (TFLite) refuses before any measurement.
-    make_backend(cfg).check(replace(spec, layer_bits=tuple((c.layer, 8) for c in candidates)))
-    data = load_dataset(cfg.data.root, cfg.data.download, cfg.cache_dir)
+    make_backend(cfg, shared).check(replace(spec, layer_bits=tuple((c.layer, 8) for c in candidates)))
+    data = load_dataset(shared, cfg.data.root, cfg.data.download, cfg.cache_dir)
     images, _ = calibration_set(data, cfg.data.calib_per_class, cfg.data.seed)
     key = sensitivity_key(
         canonical.onnx_path, spec, target, candidates, cfg.data.calib_per_class, cfg.data.seed

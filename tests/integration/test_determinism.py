@@ -78,6 +78,7 @@ from hydra import compose, initialize_config_dir
 import resnet8ptq.config
 from resnet8ptq.config import quant_spec
 from resnet8ptq.pipeline import make_backend
+from resnet8ptq.shared import Shared
 from resnet8ptq.data import calibration_set, load_cifar10, to_model_input
 from resnet8ptq.evaluate import evaluate
 
@@ -87,7 +88,7 @@ with initialize_config_dir(config_dir=conf, version_base="1.3"):
 data = load_cifar10(assets, download=False)
 calibration, _ = calibration_set(data, cfg.data.calib_per_class, cfg.data.seed)
 images, labels = to_model_input(data.test_images), data.test_labels
-backend = make_backend(cfg)
+backend = make_backend(cfg, Shared())
 quantized = backend.quantize(Path(onnx_path), calibration, quant_spec(cfg), Path(workdir) / "model")
 accuracy = evaluate(quantized.reference, images, labels).accuracy
 print(json.dumps({"accuracy": accuracy, "sha256": hashlib.sha256(quantized.path.read_bytes()).hexdigest()}))

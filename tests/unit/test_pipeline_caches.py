@@ -1,5 +1,6 @@
-"""What a multirun's jobs in one process share: CIFAR-10 read and verified once, and with it each backend's
-FP32 baseline evaluated once (its cache keys on the data object, which hashes by identity)."""
+"""What a multirun's jobs in one process share (resnet8ptq.shared): CIFAR-10 read and verified once, and with
+it each backend's FP32 baseline evaluated once (its key holds the data object, which hashes by identity);
+and nothing leaks between two Shared objects, so a test can run configurations side by side."""
 
 from __future__ import annotations
 
@@ -12,18 +13,7 @@ import pytest
 from resnet8ptq import pipeline
 from resnet8ptq.backends.base import Model
 from resnet8ptq.data import Cifar10
-
-
-def _clear_caches() -> None:
-    for cached in (pipeline.load_dataset, pipeline.test_set, pipeline.fp32_baseline):
-        getattr(cached, "cache_clear", lambda: None)()  # a function that lost its cache fails the test
-
-
-@pytest.fixture(autouse=True)
-def _fresh_caches():
-    _clear_caches()
-    yield
-    _clear_caches()
+from resnet8ptq.shared import Shared
 
 
 @pytest.fixture
@@ -54,19 +44,47 @@ class _CountingBackend:
 
 
 def test_the_data_is_read_once_per_process_and_root(reads: Counter) -> None:
-    first = pipeline.load_dataset("/data/a", False, "/cache")
-    assert pipeline.load_dataset("/data/a", False, "/cache") is first
-    pipeline.load_dataset("/data/b", False, "/cache")
-    assert reads == {"/data/a": 1, "/data/b": 1}
+    shared = Shared()
+    first = pipeline.load_dataset(shared, "/data/a", False, "/cache")
+    assert pipeline.load_dataset(shared, "/data/a", False, "/cache") is first
+    pipeline.load_dataset(shared, "/data/b", False, "/cache")
+    assert reads == {"/data/a": 1, "/data/b": 1} and shared.kept("dataset") == 2
 
 
 def test_runs_of_one_process_evaluate_each_fp32_baseline_once(reads: Counter, tmp_path: Path) -> None:
-    backend = _CountingBackend()
+    shared, backend = Shared(), _CountingBackend()
     baselines = [
         pipeline.fp32_baseline(
-            backend, tmp_path / "model.onnx", tmp_path, pipeline.load_dataset("/d", False, "/c")
+            shared,
+            backend,
+            tmp_path / "model.onnx",
+            tmp_path,
+            pipeline.load_dataset(shared, "/d", False, "/c"),
         )
         for _run in range(3)
     ]
     assert backend.loads == 1 and reads == {"/d": 1}
     assert baselines[0] is baselines[1] is baselines[2]
+
+
+def test_two_shared_objects_share_nothing(reads: Counter, tmp_path: Path) -> None:
+    """Two configurations run side by side in one process, each with its own Shared: each reads its data and
+    evaluates its baseline; the quantizations kept for a device sweep are apart too."""
+    backend = _CountingBackend()
+    first, second = Shared(), Shared()
+    for shared in (first, second):
+        data = pipeline.load_dataset(shared, "/d", False, "/c")
+        pipeline.fp32_baseline(shared, backend, tmp_path / "model.onnx", tmp_path, data)
+    assert reads == {"/d": 2} and backend.loads == 2
+    first.quantized.put("key", object())  # type: ignore[arg-type]
+    assert second.quantized.get("key") is None and first.quantized.get("key") is not None
+
+
+def test_the_recent_quantizations_keep_the_newest_two() -> None:
+    recent = Shared().quantized
+    for key in "abc":
+        recent.put(key, key)  # type: ignore[arg-type]
+    recent.put("b", "b")  # used again: the newest
+    assert [recent.get(key) for key in "abc"] == [None, "b", "c"]
+    recent.put("d", "d")
+    assert [recent.get(key) for key in "bcd"] == ["b", None, "d"]
