@@ -18,6 +18,7 @@ import pytest
 from mlflow.entities import Run
 
 from resnet8ptq.data import Cifar10, to_model_input
+from resnet8ptq.tracking import schema
 from resnet8ptq.tracking.store import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG
 from tests.integration.conftest import REGISTERED, TOOLCHAIN_SWEEP, Sweeps
 from tests.integration.servers import free_port, served
@@ -151,3 +152,28 @@ def test_most_accurate_model_is_registered(sweeps: Sweeps) -> None:
     assert version.tags["source_run"] == best.info.run_id
     assert version.source == best.data.tags["model_uri"]
     assert sweeps.first.data.tags["registered_model"].startswith(f"{REGISTERED} version 1")
+
+
+def _artifact_paths(client: mlflow.MlflowClient, run_id: str, path: str | None = None) -> set[str]:
+    paths = set()
+    for item in client.list_artifacts(run_id, path):
+        paths |= _artifact_paths(client, run_id, item.path) if item.is_dir else {item.path}
+    return paths
+
+
+def test_every_name_the_runs_wrote_is_in_the_schema(sweeps: Sweeps) -> None:
+    """Every metric, tag (MLflow's own aside) and artifact path of every run of both sweeps (parents, FP32
+    baselines, quantized, device and microcontroller runs, MLPerf's published model) is defined in
+    resnet8ptq/tracking/schema.py, which docs/mlflow.md lists (tests/unit/test_schema.py)."""
+    runs = sweeps.client.search_runs([sweeps.first.info.experiment_id])
+    written: dict[str, set[str]] = {"metric": set(), "tag": set(), "artifact": set()}
+    for run in runs:
+        written["metric"] |= set(run.data.metrics)
+        written["tag"] |= {tag for tag in run.data.tags if not tag.startswith("mlflow.")}
+        written["artifact"] |= _artifact_paths(sweeps.client, run.info.run_id)
+    assert len(runs) > 10 and all(written.values())
+    assert {kind: schema.undefined(kind, names) for kind, names in written.items()} == {
+        "metric": [],
+        "tag": [],
+        "artifact": [],
+    }

@@ -1,0 +1,192 @@
+"""Every name a run writes to MLflow, defined once with its meaning: metrics, tags and artifact paths.
+
+docs/mlflow.md is the readers' page of the same contract; tests keep the two equal (every name here is in the
+page) and keep the stores honest (every name a test's runs wrote is here). A name with a ``<...>`` part
+stands for a family (``class_acc/<class>``, ``device.<setting>``: every field of
+:class:`~resnet8ptq.device.config.DeviceConfig` but ``batch_size``). MLflow's own tags (``mlflow.*``) and
+the params (the resolved configuration, flattened) are not listed: the configuration's schema
+(:mod:`resnet8ptq.config`) defines those.
+"""
+
+from __future__ import annotations
+
+import re
+
+METRICS = {
+    "accuracy": "fraction 0-1 of the 10,000 test images: the reference semantics",
+    "accuracy_ci_low": "the 95% Wilson interval's lower end",
+    "accuracy_ci_high": "the 95% Wilson interval's upper end",
+    "accuracy_perf_subset": "the same predictions on MLPerf Tiny's 200-image performance subset",
+    "accuracy_reference": "the same value as accuracy",
+    "accuracy_native": "the runtime form's accuracy where integer kernels ran",
+    "kernel_gap_points": "100 x (native - reference), where integer kernels ran",
+    "accuracy_delta": "accuracy minus the same backend's FP32 accuracy",
+    "class_acc/<class>": "accuracy on one of the 10 classes",
+    "model_size_bytes": "the saved model file's size",
+    "fp32_size_bytes": "the FP32 model file's size (FP32 runs)",
+    "size_ratio": "the quantized file's size over the FP32 file's",
+    "weights_bytes": "the bytes of the weights the saved model holds (torch, tflite)",
+    "throughput_img_s": "images per second of the timed pass",
+    "latency_ms_b1": "milliseconds per image at batch size 1",
+    "calib_seconds": "time calibrating",
+    "quantize_seconds": "time quantizing",
+    "eval_seconds": "time evaluating on the test set",
+    "algo_seconds": "time of the PTQ algorithms (algo)",
+    "layer_analysis_seconds": "time measuring the per-layer SQNR",
+    "compile_seconds": "time compiling the program (torch)",
+    "conversion_process_seconds": "the TFLite converter's child process, with TensorFlow's import",
+    "<op>_ops": "q/dq operators of each kind in the saved program (torch: quantize_per_tensor_ops, ...)",
+    "weight_memory_bits": "conv/gemm weights x their widths (biases left out)",
+    "bops": "bit operations per image: each conv/gemm's multiply-accumulates x weight x input width",
+    "sqnr_activation_min_db": "the lowest per-layer activation SQNR against the FP32 model",
+    "sqnr_weight_min_db": "the lowest per-layer weight SQNR against the FP32 model",
+    "accuracy_device": "accuracy on the device, the mean over noise draws",
+    "accuracy_device_std": "its standard deviation over the draws",
+    "accuracy_device_ci_low": "its 95% interval's lower end (Wilson; with noise the t interval)",
+    "accuracy_device_ci_high": "its 95% interval's upper end",
+    "accuracy_device_perf_subset": "accuracy on the device on MLPerf Tiny's performance subset",
+    "device_differing_predictions": "test images whose device prediction differs from the reference form's",
+    "device_seconds": "time of the device evaluation",
+    "device_sqnr_min_db": "cim: the lowest per-layer SQNR against the integer device",
+    "accuracy_mcu": "TFLite Micro's accuracy on all 10,000 test images",
+    "accuracy_mcu_perf_subset": "TFLite Micro's accuracy on the performance subset",
+    "mcu_differing_predictions": "test images whose TFLM class differs from LiteRT's reference kernels'",
+    "mcu_differing_outputs": "test images with any output value differing from the reference kernels'",
+    "mcu_arena_bytes": "the tensor arena: TFLM's recording allocator's total",
+    "mcu_arena_smallest_bytes": "the smallest arena that runs, by bisection",
+    "mcu_arena_head_bytes": "the arena's planned tensors",
+    "mcu_tensors_peak_bytes": "the most bytes of tensors alive at one op",
+    "mcu_flash_bytes": "the flatbuffer's size",
+    "mcu_boards_fit": "how many of the configured boards it fits",
+    "mcu_seconds": "time of the microcontroller path",
+    "npu_cycles": "Vela's estimate: NPU cycles per inference",
+    "npu_inference_ms": "Vela's estimate: milliseconds per inference",
+    "npu_sram_bytes": "Vela's estimate: SRAM used",
+    "npu_flash_bytes": "Vela's estimate: flash used",
+    "npu_macs": "Vela's estimate: multiply-accumulates",
+    "npu_cpu_ops": "operators Vela leaves on the CPU",
+}
+
+TAGS = {
+    "backend": "the toolchain: onnx, torch or tflite",
+    "quantized": "true for a quantized run, false for an FP32 baseline",
+    "calib": "the calibration method",
+    "algo": "the PTQ algorithms applied, joined by +, or none",
+    "algo.<result>": "what an algorithm did (cle_pairs, adaround_flipped, brecq_blocks, ..., reused)",
+    "per_channel": "per-channel weights: true or false",
+    "reduce_range": "reduce_range: true or false",
+    "config_hash": "the hash of what decides the result (resume finds a run by it)",
+    "git_commit": "the project's commit, -dirty when changed",
+    "dtype.activation": "the activations' storage type, read back from the saved model",
+    "dtype.weight": "the weights' storage type, read back",
+    "dtype.activation_bits": "the activations' width, read back",
+    "dtype.weight_bits": "the weights' width, read back",
+    "dtype.first_last": "the first and last layers' width and names, read back (dtype.first_last_bits)",
+    "layer_bits": "layer=bits of the layers at their own width, read back (layer_bits)",
+    "weight_granularity": "per-channel or per-tensor weights, read back (torch, tflite)",
+    "quantizer": "the library's quantizer that made the model (torch, tflite)",
+    "execution": "native, native-mismatch or simulated",
+    "execution_reason": "which kernels ran, the two accuracies, the likely cause of a mismatch",
+    "hardware.<field>": "the machine: cpu, isa, cores",
+    "version.<library>": "each library's version",
+    "data.verified": "how CIFAR-10 was verified (md5, layout)",
+    "model.sha256": "the sha256 of the model the run started from",
+    "model.source": "a published model's URL",
+    "model_uri": "the logged MLflow Model (models:/<model_id>)",
+    "reference": "the name of a published model's run (mlperf)",
+    "sqnr_worst_layer": "the layer of lowest SQNR, its kind and its SQNR",
+    "host": "the machine the run ran on",
+    "pid": "the process that ran it",
+    "error": "why the run failed",
+    "overrides": "the job's command-line overrides",
+    "sweep": "true on a sweep's parent run",
+    "sweep_kind": "run (a single run) or sweep (-m)",
+    "sweep_dir": "the parent run's output directory",
+    "registered_model": "the model the sweep registered (mlflow.register_as)",
+    "skipped.<config_hash>": "parent: a configuration a resumed sweep found finished",
+    "reused.<config_hash>": "parent: the earlier run a resumed sweep reuses",
+    "unsupported.<overrides>": "parent: a configuration the backend refused, with why",
+    "device.<setting>": "the device's kind and, for cim, every crossbar setting",
+    "device.source": "the integer form's reader: tflite, onnx-qdq, torch-pt2e",
+    "device.quantization_run": "the run whose quantization a device run reuses",
+    "device.worst_layer": "cim: the layer the device changes most (SQNR against the integer device)",
+    "mcu.runtime": "the tflite-micro version",
+    "mcu.kernels": "the builtin ops the model needs",
+    "mcu.vs_reference": "TFLM against LiteRT's reference kernels, in words",
+    "mcu.divergence": "the first op whose output differs, when any does",
+    "mcu.fits": "the boards it fits, comma-separated, or none",
+    "mcu.board.<name>": "one board: fits or not, with RAM and flash",
+    "npu.accelerator": "Vela's accelerator",
+    "npu.system_config": "Vela's system configuration",
+    "npu.clock_mhz": "the NPU clock Vela assumed",
+    "npu.estimate": "Vela's estimate in words",
+    "mixed_precision.raised": "the layers the saved model holds at 16 bits, read back",
+    "mixed_precision.step": "the step of a mixed-precision search",
+    "mixed_precision.target_points": "the accuracy-drop target of the search",
+    "mixed_precision.base_hash": "the config_hash of the search's step 0",
+    "mixed_precision.budget": "a budgeted mix's budget (bops<=..., weight_bits<=...)",
+    "mixed_precision.predicted_noise": "the solver's predicted noise of the chosen widths",
+    "mixed_precision.candidates": "how many layers the budgeted search chose widths for",
+    "mixed_precision.<config_hash>": "parent: a mixed-precision search's target and outcome",
+    "search.objectives": "parent: an Optuna search's objectives",
+    "search.directions": "parent: their directions",
+    "search.sampler": "parent: the sampler",
+    "search.n_trials": "parent: the number of trials",
+    "search.space": "parent: the search space",
+    "search.trial.<NNNN>": "parent: the run trial NNNN was, or refused: why",
+}
+
+ARTIFACTS = {
+    "model/<file>": "the model file (quantized, or FP32 on a baseline)",
+    "config/resolved_config.yaml": "the resolved configuration",
+    "evaluation/predictions.csv": "every test image's label and predicted class",
+    "evaluation/confusion_matrix.csv": "the confusion matrix",
+    "evaluation/confusion_matrix.png": "the confusion matrix as a chart",
+    "evaluation/class_accuracy.csv": "per-class accuracy",
+    "evaluation/class_accuracy.png": "per-class accuracy against FP32",
+    "calibration/calibration_ranges.csv": "every activation's calibrated range",
+    "analysis/layer_sqnr.csv": "per-layer SQNR",
+    "analysis/layer_sqnr.png": "per-layer SQNR as a chart",
+    "analysis/layer_precision.csv": "every quantized layer's storage type and bits, read back",
+    "analysis/sensitivity.csv": "a budgeted search's noise of every candidate layer at every width",
+    "device/predictions.csv": "per test image: label, the reference's and the device's prediction",
+    "device/accuracy_by_draw.csv": "the accuracy of each noise draw",
+    "device/adc_steps.csv": "every ADC: step, window of codes, range",
+    "device/dac_ranges.csv": "every layer's DAC range and input cycles (dac_range=percentile)",
+    "device/layer_sqnr.csv": "per-layer SQNR of the device against the integer device",
+    "device/integer_model.json": "the integer form's layers and arithmetic in words",
+    "device/integer_model.npz": "the integer form's arrays",
+    "device/layers.csv": "one readable line per layer",
+    "device/golden.npz": "golden vectors of the ideal integer device",
+    "device/crossbar.json": "cim: settings, conventions, effects, tiles and slices, calibration sample",
+    "mcu/arena_report.txt": "TFLM's allocator's report",
+    "mcu/arena_tensors.csv": "the arena's tensors with their lifetimes",
+    "mcu/predictions.csv": "label, reference and TFLM prediction of every test image",
+    "report/report.md": "parent: the comparison report",
+    "report/report.html": "parent: the report as HTML",
+    "report/report_<chart>.png": "parent: the report's charts",
+    "error.txt": "a failed run's traceback",
+}
+
+_KINDS = {"metric": METRICS, "tag": TAGS, "artifact": ARTIFACTS}
+
+
+def pattern(name: str) -> re.Pattern[str]:
+    """A schema name as a regular expression: each ``<...>`` part stands for one or more characters (no ``/``
+    in an artifact's file part)."""
+    parts = re.split(r"<[^>]+>", name)
+    return re.compile("[^/]+".join(re.escape(part) for part in parts) + r"\Z")
+
+
+_PATTERNS = {kind: [pattern(name) for name in names] for kind, names in _KINDS.items()}
+
+
+def defines(kind: str, name: str) -> bool:
+    """Whether the schema defines ``name`` as a ``kind`` (metric, tag, artifact): exactly or in a family."""
+    names = _KINDS[kind]
+    return name in names or any(regex.match(name) for regex in _PATTERNS[kind])
+
+
+def undefined(kind: str, names: set[str]) -> list[str]:
+    """The ``names`` the schema does not define as a ``kind``, sorted."""
+    return sorted(name for name in names if not defines(kind, name))
