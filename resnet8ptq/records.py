@@ -254,7 +254,7 @@ def read_back_tags(quantized: QuantizedModel, result: QuantizedResult) -> dict[s
 @dataclass
 class OnDevice:
     """A published model on the run's device: what :func:`log_device` records (``calibration``: the sample
-    the ADC ranges came from, :meth:`resnet8ptq.pipeline.RunInputs.calibration_sample`)."""
+    the ADC ranges came from, :meth:`resnet8ptq.inputs.RunInputs.calibration_sample`)."""
 
     result: DeviceResult
     model: IntegerModel

@@ -82,7 +82,8 @@ def run_within_budget(cfg: DictConfig, output_dir: Path, run: Callable[..., str]
     measurement. ``shared``: the process's shared objects (:mod:`resnet8ptq.shared`)."""
     from resnet8ptq.config import quant_spec
     from resnet8ptq.data import calibration_set
-    from resnet8ptq.pipeline import fp32_model, load_dataset, make_backend
+    from resnet8ptq.inputs import load_dataset
+    from resnet8ptq.resolve import fp32_model, make_backend
 
     spec = quant_spec(cfg)  # validates `target` too: ConfigError before any work
     target = TargetConfig(**OmegaConf.to_container(cfg.target, resolve=True))

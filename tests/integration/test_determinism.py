@@ -77,7 +77,7 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 import resnet8ptq.config
 from resnet8ptq.config import quant_spec
-from resnet8ptq.pipeline import make_backend
+from resnet8ptq.resolve import make_backend
 from resnet8ptq.shared import Shared
 from resnet8ptq.data import calibration_set, load_cifar10, to_model_input
 from resnet8ptq.evaluate import evaluate

@@ -20,7 +20,7 @@ from mlflow.tracking import MlflowClient
 import resnet8ptq.config  # noqa: F401  (registers base_config)
 from resnet8ptq.backends.onnx.backend import OnnxRuntimeBackend
 from resnet8ptq.model import MODEL_FILENAME, conversion_key
-from resnet8ptq.pipeline import result_identity
+from resnet8ptq.resolve import result_identity
 from resnet8ptq.tracking.stale import _process_alive, close_stale_runs
 from resnet8ptq.tracking.store import store_lock
 

@@ -134,7 +134,7 @@ def test_threads_follow_the_cpu_affinity(
 ) -> None:
     """`threads=null`: the cores this process may use (taskset, SLURM), not the machine's, given to every
     library explicitly (ONNX Runtime's own default ignores the affinity)."""
-    from resnet8ptq.pipeline import threads_per_run
+    from resnet8ptq.resolve import threads_per_run
 
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(affinity)), raising=False)
     cfg = composed(*([override] if override else []))

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from resnet8ptq import pipeline
+from resnet8ptq import inputs, pipeline
 from resnet8ptq.backends.base import Model
 from resnet8ptq.data import Cifar10
 from resnet8ptq.shared import Shared
@@ -26,7 +26,7 @@ def reads(monkeypatch: pytest.MonkeyPatch) -> Counter:
         images = np.zeros((20, 32, 32, 3), np.uint8)
         return Cifar10(images, np.arange(20) % 10, images, np.arange(20) % 10, "binary", Path(root))
 
-    monkeypatch.setattr(pipeline, "load_cifar10", fake_load)
+    monkeypatch.setattr(inputs, "load_cifar10", fake_load)
     return counts
 
 
@@ -45,9 +45,9 @@ class _CountingBackend:
 
 def test_the_data_is_read_once_per_process_and_root(reads: Counter) -> None:
     shared = Shared()
-    first = pipeline.load_dataset(shared, "/data/a", False, "/cache")
-    assert pipeline.load_dataset(shared, "/data/a", False, "/cache") is first
-    pipeline.load_dataset(shared, "/data/b", False, "/cache")
+    first = inputs.load_dataset(shared, "/data/a", False, "/cache")
+    assert inputs.load_dataset(shared, "/data/a", False, "/cache") is first
+    inputs.load_dataset(shared, "/data/b", False, "/cache")
     assert reads == {"/data/a": 1, "/data/b": 1} and shared.kept("dataset") == 2
 
 
@@ -59,7 +59,7 @@ def test_runs_of_one_process_evaluate_each_fp32_baseline_once(reads: Counter, tm
             backend,
             tmp_path / "model.onnx",
             tmp_path,
-            pipeline.load_dataset(shared, "/d", False, "/c"),
+            inputs.load_dataset(shared, "/d", False, "/c"),
         )
         for _run in range(3)
     ]
@@ -73,7 +73,7 @@ def test_two_shared_objects_share_nothing(reads: Counter, tmp_path: Path) -> Non
     backend = _CountingBackend()
     first, second = Shared(), Shared()
     for shared in (first, second):
-        data = pipeline.load_dataset(shared, "/d", False, "/c")
+        data = inputs.load_dataset(shared, "/d", False, "/c")
         pipeline.fp32_baseline(shared, backend, tmp_path / "model.onnx", tmp_path, data)
     assert reads == {"/d": 2} and backend.loads == 2
     first.quantized.put("key", object())  # type: ignore[arg-type]

@@ -1,0 +1,186 @@
+"""One configuration resolved before any work (:func:`resolve`): its typed settings, its backend, its name,
+tags and hashes, and every check that can refuse it. Bad settings fail here, before a run exists."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnx
+from hydra.core.hydra_config import HydraConfig
+from hydra.errors import InstantiationException
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from resnet8ptq import hardware
+from resnet8ptq.algorithms import AlgoConfig
+from resnet8ptq.backends.base import Backend
+from resnet8ptq.config import quant_spec
+from resnet8ptq.device.config import DeviceConfig
+from resnet8ptq.errors import ConfigError, ModelError
+from resnet8ptq.layers import check_layer_bits, check_raised
+from resnet8ptq.mcu.config import McuConfig, mcu_settings
+from resnet8ptq.model import CanonicalModel, canonical_onnx, conversion_key, resolve_h5
+from resnet8ptq.shared import Shared
+from resnet8ptq.spec import QuantSpec
+from resnet8ptq.tracking.identity import config_hash, git_commit, run_params
+from resnet8ptq.tracking.store import configure
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A configuration resolved (:func:`resolve`): the Hydra config and its typed views, the experiment and
+    backend, the run's name, params and tags, and the keys that find an earlier run of it (``config_hash``)
+    or of its quantization (``quantization_key``: the hash without the device settings)."""
+
+    cfg: DictConfig
+    spec: QuantSpec
+    algo: AlgoConfig
+    device: DeviceConfig
+    mcu: McuConfig
+    experiment_id: str
+    backend: Backend
+    name: str
+    params: dict[str, object]
+    identity: dict[str, str]
+    tags: dict[str, str]  # the quantized run's
+    extra_tags: dict[str, str]  # the caller's, and a mixed-precision search's base hash
+    quantization_key: str
+
+    @property
+    def resumable(self) -> bool:
+        """A FINISHED run of the same configuration may stand for this one: not ``rerun``, and everything
+        that decides the result is known."""
+        return not self.cfg.rerun and "unknown" not in self.identity.values()
+
+
+def resolve(cfg: DictConfig, extra_tags: Mapping[str, str] | None, shared: Shared) -> Plan:
+    """``cfg`` resolved, every setting checked (types, values, what the backend can run, raised and mixed
+    layers' names and widths), before any work."""
+    spec = quant_spec(cfg)  # invalid settings fail here
+    algo: AlgoConfig = OmegaConf.to_object(cfg.algo)  # validated by quant_spec
+    device: DeviceConfig = OmegaConf.to_object(cfg.device)  # validated by quant_spec
+    mcu = mcu_settings(cfg.mcu)
+    experiment_id = configure(cfg.mlflow)
+    backend = make_backend(cfg, shared)
+    params = run_params(cfg)
+    backend.check(spec)  # a configuration the backend cannot run exactly is refused here
+    backend.check_algorithms(algo.steps)
+    identity = result_identity(cfg, backend)
+    extra = dict(extra_tags or {})
+    if spec.raised_layers or spec.layer_bits:  # names and widths checked before any work
+        graph = onnx.load(fp32_model(cfg.model.path, cfg.model.sha256, Path(cfg.cache_dir)).onnx_path)
+        check_raised(spec.raised_layers, graph, spec.dtype.activation_bits)
+        check_layer_bits(spec, graph)
+    if spec.raised_layers:  # the start configuration's hash groups the steps
+        extra["mixed_precision.base_hash"] = config_hash({**params, "raised_layers": []}, identity)
+    tags = {
+        "backend": backend.NAME,
+        "quantized": "true",
+        "calib": spec.calib.method,
+        "algo": "+".join(algo.steps) or "none",
+        "per_channel": str(spec.per_channel).lower(),
+        "reduce_range": str(spec.reduce_range).lower(),
+        "config_hash": config_hash(params, identity),
+        "git_commit": git_commit(),
+        **(device.tags() if device.enabled else {}),
+    }
+    name = name_of_run(backend.NAME, spec, algo, device)
+    key = config_hash(without_device(params), identity)
+    return Plan(
+        cfg, spec, algo, device, mcu, experiment_id, backend, name, params, identity, tags, extra, key
+    )
+
+
+def name_of_run(backend: str, spec: QuantSpec, algo: AlgoConfig, device: DeviceConfig) -> str:
+    """A quantized run's name: backend, types, calibration, granularity, then what is not the default (the
+    algorithms, raised or mixed layers, the device): ``onnx-int8-int8-minmax-pc-cle-cim-r128-adc4``."""
+    granularity = ("pc" if spec.per_channel else "pt") + ("-rr" if spec.reduce_range else "")
+    weights = "-wmse" if spec.calib.weights == "mse" else ""
+    name = f"{backend}-{spec.dtype.label}-{spec.calib.method}{weights}-{granularity}"
+    name += "".join(f"-{step}" for step in algo.steps)
+    name += f"-raised{len(spec.raised_layers)}" if spec.raised_layers else ""
+    name += f"-mix{len(spec.layer_bits)}" if spec.layer_bits else ""
+    return name + (f"-{device.label}" if device.enabled else "")
+
+
+def without_device(params: Mapping[str, object]) -> dict[str, object]:
+    """The run's settings without the `device` group's: what its quantization depends on."""
+    return {key: value for key, value in params.items() if key != "device" and not key.startswith("device.")}
+
+
+def make_backend(cfg: DictConfig, shared: Shared) -> Backend:
+    """The configured backend (``cfg.backend._target_`` with its options), one instance per ``shared`` and
+    settings: a multirun's jobs in one process share it and with it their FP32 baseline."""
+    settings = OmegaConf.to_yaml(cfg.backend, resolve=True)
+    threads = threads_per_run(cfg)
+    try:
+        return shared.get(
+            "backend", (settings, threads), lambda: instantiate(OmegaConf.create(settings), threads=threads)
+        )
+    except InstantiationException as err:
+        missing = next((e for e in _causes(err) if isinstance(e, ImportError)), None)
+        if missing is None:
+            raise
+        extra = cfg.backend._target_.split(".")[2]
+        raise ConfigError(
+            f"{cfg.backend._target_} needs packages that are not installed ({missing}). "
+            f"Install them with: pip install -e '.[{extra}]'"
+        ) from err
+
+
+def _causes(err: BaseException) -> list[BaseException]:
+    chain = []
+    while err is not None:
+        chain.append(err)
+        err = err.__cause__ or err.__context__
+    return chain
+
+
+def result_identity(cfg: DictConfig, backend: Backend) -> dict[str, str]:
+    """Besides the settings, what decides a run's result (part of its config_hash): the canonical model (the
+    .h5's actual sha256 with the converter versions), the backend's library versions, and for TFLite models
+    the microcontroller path's settings.
+
+    Determined before the run, best effort: what cannot be determined yet is "unknown" (the run then fails
+    with the reason; it is never skipped).
+    """
+    try:
+        h5_sha256 = cfg.model.sha256 or resolve_h5(cfg.model.path, None, Path(cfg.cache_dir))[1]
+        model = conversion_key(h5_sha256)
+    except ModelError:
+        model = "unknown"
+    versions = {f"version.{lib}": version for lib, version in backend.versions().items()}
+    return {"model": model, **versions, **mcu_identity(cfg, backend)}
+
+
+def mcu_identity(cfg: DictConfig, backend: Backend) -> dict[str, str]:
+    """What the microcontroller path adds to a TFLite run's result (its settings, the boards, the TFLM and
+    Vela versions): a run made without it, or with other boards, is not reused. Nothing for other backends."""
+    if not (backend.MCU and cfg.mcu.enabled):
+        return {}
+    from resnet8ptq.mcu import tflm, vela  # numpy only: tflite_micro loads when a model runs
+
+    settings = OmegaConf.to_container(cfg.mcu, resolve=True)
+    versions = {"tflite-micro": tflm.version(), "ethos-u-vela": vela.version()}
+    return {"mcu": json.dumps({**settings, **versions}, sort_keys=True)}
+
+
+def threads_per_run(cfg: DictConfig) -> int:
+    """``cfg.threads``, else the cores this process may use (its CPU affinity: ``hardware.usable_cores``)
+    divided among the launcher's parallel jobs."""
+    if cfg.threads:
+        return cfg.threads
+    n_jobs = HydraConfig.get().launcher.get("n_jobs") if HydraConfig.initialized() else None
+    cores = hardware.usable_cores()
+    if not n_jobs or n_jobs == 1:
+        return cores
+    return max(1, cores // (cores if n_jobs < 0 else n_jobs))
+
+
+def fp32_model(path: str | None, sha256: str | None, cache_dir: Path) -> CanonicalModel:
+    """The canonical FP32 ONNX model (converted from the Keras .h5 once, then cached on disk)."""
+    h5, actual_sha256 = resolve_h5(path, sha256, cache_dir)
+    return canonical_onnx(h5, actual_sha256, cache_dir)
