@@ -244,10 +244,7 @@ def on_device(
     from resnet8ptq.device.evaluate import evaluate_device  # torch: only for device runs
 
     integer = backend.integer_model(path)
-    result = evaluate_device(
-        integer, device, inputs.test_images, inputs.test_labels, inputs.calibration_images,
-        reference_predictions, inputs.perf_subset, name, adc_profiles,
-    )  # fmt: skip
+    result = evaluate_device(integer, device, inputs, reference_predictions, name, adc_profiles)
     log.info(
         "%s: accuracy on device %s %.4f (%d predictions differ from the reference)",
         name, device.label, result.accuracy, result.differing_from_reference,
@@ -298,8 +295,8 @@ def on_mcu(
     from resnet8ptq.mcu.evaluate import evaluate_mcu  # TFLM and Vela: only for TFLite models
 
     result = evaluate_mcu(
-        path, mcu, inputs.test_images, reference.labels, reference.probabilities, inputs.perf_subset,
-        Path(cfg.cache_dir), threads_per_run(cfg), f"{name}: TFLite Micro",
+        path, mcu, inputs, reference.probabilities, Path(cfg.cache_dir), threads_per_run(cfg),
+        f"{name}: TFLite Micro",
     )  # fmt: skip
     log.info(
         "%s: TFLite Micro accuracy %.4f; %s; arena %d bytes, flash %d bytes; fits %s",

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
@@ -67,6 +68,17 @@ class TensorRange:
     tensor: str
     min: float
     max: float
+
+
+class EvaluationImages(Protocol):
+    """The images an evaluation target runs on: every test image (model input) with its label, the
+    calibration sample, MLPerf Tiny's performance subset (indices of the test set). A run's
+    :class:`resnet8ptq.inputs.RunInputs` is one."""
+
+    test_images: np.ndarray
+    test_labels: np.ndarray
+    calibration_images: np.ndarray
+    perf_subset: np.ndarray
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from resnet8ptq.device.dac import dac_ranges as calibrated_dac_ranges
 from resnet8ptq.device.executor import Arithmetic, Ideal, execute, predictions
 from resnet8ptq.device.graph import IntegerModel
 from resnet8ptq.layer_errors import tensor_sqnr_db
+from resnet8ptq.spec import EvaluationImages
 from resnet8ptq.statistics import accuracy_interval
 
 log = logging.getLogger(__name__)
@@ -185,17 +186,16 @@ def arithmetic(
 def evaluate_device(
     model: IntegerModel,
     device: DeviceConfig,
-    images: np.ndarray,
-    labels: np.ndarray,
-    calibration_images: np.ndarray,
+    data: EvaluationImages,
     reference_predictions: np.ndarray,
-    perf_subset: np.ndarray,
     name: str,
     adc_profiles: Profiles | None = None,
 ) -> DeviceResult:
     """Run ``model`` on ``device`` over every test image, once per noise draw (seeds 0, 1, ...); the ADC
     ranges from the calibration images' partial sums (``adc_profiles``: :func:`adc_steps`)."""
     start = time.perf_counter()
+    images, labels, perf_subset = data.test_images, data.test_labels, data.perf_subset
+    calibration_images = data.calibration_images
     dac = dac_ranges(model, device, calibration_images, adc_profiles)
     steps = adc_steps(model, device, calibration_images, adc_profiles, dac)
     accuracies, subset, first = [], [], None

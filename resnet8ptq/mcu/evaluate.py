@@ -23,6 +23,7 @@ from resnet8ptq.mcu import tflm, vela
 from resnet8ptq.mcu.config import KIB, Board, McuConfig
 from resnet8ptq.mcu.divergence import Divergence, locate
 from resnet8ptq.mcu.memory import Planned, peak_live_bytes, planned_tensors
+from resnet8ptq.spec import EvaluationImages
 
 log = logging.getLogger(__name__)
 
@@ -141,18 +142,17 @@ class McuResult:
 def evaluate_mcu(
     path: Path,
     settings: McuConfig,
-    images: np.ndarray,
-    labels: np.ndarray,
+    data: EvaluationImages,
     reference_outputs: np.ndarray,
-    perf_subset: np.ndarray,
     cache_dir: Path,
     workers: int | None = None,
     desc: str = "TFLite Micro",
 ) -> McuResult:
-    """Run the .tflite at ``path`` in TFLM on ``images`` (NHWC float32, quantized to its input type as
+    """Run the .tflite at ``path`` in TFLM on the test images (NHWC float32, quantized to its input type as
     TFLite's QUANTIZE op does) and compare with ``reference_outputs`` (LiteRT's reference kernels, dequantized
     the same way); measure its arena and flash, check the boards, ask Vela for its NPU estimate."""
     start = time.perf_counter()
+    images, labels, perf_subset = data.test_images, data.test_labels, data.perf_subset
     model = Path(path).read_bytes()
     source, sink = tflm.io(model)
     inputs = quantize(images, source.scale, source.zero_point, source.dtype) if source.scale else images
