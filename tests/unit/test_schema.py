@@ -50,3 +50,22 @@ def test_families_stand_for_their_members_only() -> None:
     assert schema.defines("artifact", "report/report_device_map.png")
     assert not schema.defines("metric", "accuracyx") and not schema.defines("artifact", "device/other.csv")
     assert schema.undefined("tag", {"backend", "bakcend"}) == ["bakcend"]
+
+
+def test_the_report_reads_only_names_the_schema_defines() -> None:
+    from resnet8ptq.report.runs import DEVICE_SETTINGS, METRIC_COLUMNS
+
+    assert schema.undefined("metric", set(METRIC_COLUMNS)) == []
+    assert schema.undefined("tag", {f"device.{name}" for name in DEVICE_SETTINGS}) == []
+
+
+def test_the_device_run_writes_only_names_the_schema_defines() -> None:
+    import numpy as np
+
+    from resnet8ptq.device.config import DeviceConfig
+    from resnet8ptq.device.evaluate import DeviceResult
+
+    result = DeviceResult([0.5, 0.6], np.zeros(4), np.zeros(4), (0.4, 0.7), 0.5, 1, layer_sqnr={"conv": 30.0})
+    assert schema.undefined("metric", set(result.metrics())) == []
+    tags = DeviceConfig(kind="cim", rows=64, adc_bits=4, dac_range="percentile").tags()
+    assert schema.undefined("tag", set(tags)) == []
