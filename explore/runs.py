@@ -27,12 +27,13 @@ def _():
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")  # as every process of the tool
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 
-    import explorer as ex  # explore/explorer.py: reading the store (the notebook's directory is on sys.path)
     import marimo as mo
     import numpy as np
     import pandas as pd
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
+
+    import resnet8ptq.explore as ex  # reading the store (resnet8ptq/explore/)
 
     return ex, go, make_subplots, mo, np, pd
 

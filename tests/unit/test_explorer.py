@@ -1,4 +1,4 @@
-"""The run explorer's pure helpers (explore/explorer.py): the store and UI addresses, filtering runs, the
+"""The run explorer's pure helpers (resnet8ptq/explore/): the store and UI addresses, filtering runs, the
 layer statistics, pairing a run's layers with the FP32 ones, the layer analysis lookup, the images two runs
 disagree on, and the sweep maps."""
 
@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from explore import explorer as ex
+import resnet8ptq.explore as ex
 
 
 def test_tracking_uri_from_argument_then_environment_then_the_tools_default() -> None:
