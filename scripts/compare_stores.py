@@ -28,16 +28,31 @@ def store_dir(uri: str) -> str:
     return str(Path(uri.removeprefix("sqlite:///")).parent)
 
 
+RUN_ID = re.compile(r"\b[0-9a-f]{32}\b")
+
+
 def normalised(value: object, folder: str) -> object:
-    return value.replace(folder, "<store>") if folder and isinstance(value, str) else value
+    """A string value with the store's folder and any run id (a run a tag names) replaced."""
+    if not isinstance(value, str):
+        return value
+    return RUN_ID.sub("<run_id>", value.replace(folder, "<store>") if folder else value)
 
 
 def runs_by_name(uri: str) -> dict[str, tuple[MlflowClient, Run, str]]:
-    """Each run by its name (a parent: its overrides without the clock), with the store's folder."""
+    """Each run by its name (a parent: its overrides without the clock; a child: its parent's name, then its
+    own), with the store's folder."""
     client, folder = MlflowClient(uri), store_dir(uri)
     experiment = client.get_experiment_by_name("resnet8ptq")
     runs = client.search_runs([experiment.experiment_id], max_results=5000)
-    return {normalised(run.info.run_name.rsplit(" @ ", 1)[0], folder): (client, run, folder) for run in runs}
+    names = {run.info.run_id: normalised(run.info.run_name.rsplit(" @ ", 1)[0], folder) for run in runs}
+    named = {}
+    for run in runs:  # a child under its parent's name: each sweep has its own FP32 baseline runs
+        parent = names.get(run.data.tags.get("mlflow.parentRunId", ""), "")
+        key = f"{parent} / {names[run.info.run_id]}" if parent else names[run.info.run_id]
+        if key in named:
+            raise SystemExit(f"{uri}: two runs named {key!r}: cannot pair them")
+        named[key] = (client, run, folder)
+    return named
 
 
 def artifacts(client: MlflowClient, run_id: str, path: str | None = None) -> set[str]:
@@ -83,6 +98,7 @@ def differences(before: str, after: str) -> list[str]:
 def main() -> None:
     before, after = sys.argv[1:3]
     found = differences(before, after)
+    print(f"{len(runs_by_name(before))} runs before, {len(runs_by_name(after))} after")
     print("\n".join(found) or "no difference")
     sys.exit(1 if found else 0)
 
