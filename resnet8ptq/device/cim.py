@@ -131,8 +131,8 @@ class CrossbarArithmetic(Arithmetic):
         return bool(self.effects["read"] or self.effects["convert"])
 
     def input_window(self, layer: Conv) -> tuple[int, int]:
-        """The centred inputs the layer's DAC applies: its calibrated range, else the quantized input's."""
-        return self.dac_ranges.get(layer.name, input_range(layer))
+        """The centred inputs the layer's DAC applies (:func:`dac_window`)."""
+        return dac_window(layer, self.dac_ranges)
 
     def weight_slices(self, layer: Conv) -> list[tuple[torch.Tensor, int]]:
         """**Program**: the layer's cell columns (O, K) per weight slice with their significance, sign ·
@@ -299,10 +299,16 @@ def input_range(layer: Conv) -> tuple[int, int]:
     return q.qmin - q.zero_point, q.qmax - q.zero_point
 
 
-def worst_case_full_scale(layer: Conv, crossbar: Crossbar, window: tuple[int, int] | None = None) -> float:
+def dac_window(layer: Conv, dac_ranges: dict[str, tuple[int, int]] | None) -> tuple[int, int]:
+    """The centred inputs the layer's DAC applies: its calibrated range (``dac_ranges``, :mod:`.dac`), else
+    the quantized input's (:func:`input_range`)."""
+    return (dac_ranges or {}).get(layer.name) or input_range(layer)
+
+
+def worst_case_full_scale(layer: Conv, crossbar: Crossbar, window: tuple[int, int]) -> float:
     """The largest |partial sum| a tile can produce: its rows × the largest input digit × the largest cell
-    level (every cell at full scale, every input slice at its maximum); ``window``: the DAC's range."""
-    in_bits, _ = value_bits(*(window or input_range(layer)))
+    level (every cell at full scale, every input slice at its maximum), inputs in the DAC's ``window``."""
+    in_bits, _ = value_bits(*window)
     digit = 2 ** min(crossbar.dac_bits, in_bits) - 1
     cell = 2**crossbar.bits_per_cell - 1
     return tile_sizes(layer.terms, crossbar.rows)[0] * digit * cell

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from resnet8ptq.device.cim import input_range, value_bits
+from resnet8ptq.device.cim import dac_window, input_range, value_bits
 from resnet8ptq.device.executor import Ideal
 
 if TYPE_CHECKING:
@@ -77,7 +77,7 @@ def dac_table(model: IntegerModel, ranges: dict[str, tuple[int, int]], dac_bits:
     rows = []
     for layer in model.convs:
         full = input_range(layer)
-        clip = ranges.get(layer.name, full)
+        clip = dac_window(layer, ranges)
         full_bits, bits = value_bits(*full)[0], value_bits(*clip)[0]
         rows.append(
             {

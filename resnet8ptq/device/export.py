@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from resnet8ptq.device.cim import input_range, slice_shifts, tile_sizes, value_bits
+from resnet8ptq.device.cim import dac_window, input_range, slice_shifts, tile_sizes, value_bits
 from resnet8ptq.device.config import Crossbar, DeviceConfig
 from resnet8ptq.device.effects import STEPS, configured
 from resnet8ptq.device.executor import execute
@@ -245,7 +245,7 @@ def crossbar_layers(
     calibrated ranges of ``dac_range=percentile``), else the quantized input's."""
     layers = []
     for layer in model.convs:
-        low, high = (dac or {}).get(layer.name, input_range(layer))
+        low, high = dac_window(layer, dac)
         bits, signed = value_bits(low, high)
         capacity = crossbar.bits_per_cell * crossbar.cells_per_weight
         layers.append(
