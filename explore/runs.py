@@ -89,7 +89,7 @@ def _(ex, filters, mo, pd, table):
     shown = ex.filter_runs(table, filters.value).reset_index(drop=True)
     _defaults = ex.default_layer_runs(shown)
     runs_view = mo.ui.table(
-        shown[ex.TABLE_COLUMNS],
+        shown[ex.table_columns(shown)],
         initial_selection=[int(i) for i in shown.index[shown["run_id"].isin(_defaults)]],
         page_size=8,
         show_column_summaries=False,

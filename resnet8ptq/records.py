@@ -22,7 +22,7 @@ from resnet8ptq.artifacts import (
     layer_precision_file,
     ranges_file,
 )
-from resnet8ptq.backends.base import MlflowFlavor, QuantizedModel
+from resnet8ptq.backends.base import Backend, MlflowFlavor, QuantizedModel
 from resnet8ptq.data import CLASS_NAMES
 from resnet8ptq.evaluate import Baseline, Evaluation
 from resnet8ptq.execution import QuantizedResult
@@ -85,6 +85,20 @@ class ModelRecord:
         log_datasets(run_id, self.datasets)
         if self.flavor is not None:
             set_tags(run_id, {"model_uri": log_model(run_id, name, self.flavor, self.input_example)})
+
+
+def model_record(
+    cfg: DictConfig,
+    backend: Backend,
+    path: Path,
+    test_images: np.ndarray,
+    datasets: Mapping[str, NumpyDataset],
+) -> ModelRecord:
+    """What logs the model at ``path`` with its datasets: as an MLflow Model (two test images as its input
+    example) unless ``mlflow.log_models=false``, when only the datasets are logged (the model file is an
+    artifact either way)."""
+    flavor = backend.mlflow_flavor(path) if cfg.mlflow.log_models else None
+    return ModelRecord(flavor, test_images[:2], datasets)
 
 
 @dataclass(frozen=True)

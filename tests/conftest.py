@@ -13,6 +13,9 @@ REPO = Path(__file__).resolve().parents[1]
 INTEGRATION = Path(__file__).resolve().parent / "integration"
 
 
+CLI_FIXTURE = "cli_env"
+"""The environment `run.py` runs in under test (tests/integration/conftest.py): a test that needs it runs the
+CLI."""
 SHARED_SWEEP = "sweeps"
 """The session fixture of the three-toolchain sweep (tests/integration/conftest.py): the modules that use it
 run in one worker, so it runs once."""
@@ -20,7 +23,8 @@ run in one worker, so it runs once."""
 
 @pytest.hookimpl(wrapper=True)  # before every other implementation: pytest-xdist's reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]):
-    """Mark every test under tests/integration ``integration`` (`pytest -m "not integration"` skips them), and
+    """Mark every test under tests/integration ``integration`` (`pytest -m "not integration"` skips them) and
+    every test that runs the CLI ``cli`` (the other markers are the modules' own ``pytestmark``), and
     put each module in one ``xdist_group`` for `pytest -n auto --dist loadgroup` (`make test`): a module's
     fixtures are built once, in one worker; the modules that use the shared sweep form one group, which goes
     first (the longest: it starts while the other workers take the rest)."""
@@ -29,6 +33,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]):
         module = Path(item.fspath)
         if INTEGRATION in module.parents:
             item.add_marker(pytest.mark.integration)
+        if CLI_FIXTURE in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.cli)
         group = SHARED_SWEEP if module in sharing else str(module.relative_to(REPO))
         item.add_marker(pytest.mark.xdist_group(group))
     items.sort(key=lambda item: Path(item.fspath) not in sharing)  # stable: modules stay whole, in order

@@ -153,6 +153,15 @@ def runs_table(runs: Iterable, sweeps: Iterable = ()) -> pd.DataFrame:
     return frame.sort_values("start_time", ascending=False, kind="stable").reset_index(drop=True)
 
 
+def table_columns(table: pd.DataFrame) -> list[str]:
+    """The runs table's columns: :data:`TABLE_COLUMNS`, then each metric of a stage added as a module
+    (:mod:`resnet8ptq.stages`) that some run in ``table`` logged."""
+    from resnet8ptq.tracking.schema import stage_names
+
+    added = [name for name in stage_names("metric") if name in table and table[name].notna().any()]
+    return [*TABLE_COLUMNS[:-2], *added, *TABLE_COLUMNS[-2:]]
+
+
 def filter_runs(table: pd.DataFrame, chosen: Mapping[str, Sequence[str]]) -> pd.DataFrame:
     """The rows whose value in each filter column is one of the chosen ones (nothing chosen: any)."""
     keep = pd.Series(True, index=table.index)

@@ -16,6 +16,7 @@ from resnet8ptq.errors import ReportError
 from resnet8ptq.hardware import Hardware
 from resnet8ptq.records import REFERENCE_TAG
 from resnet8ptq.statistics import accuracy_interval
+from resnet8ptq.tracking import schema
 from resnet8ptq.tracking.identity import ADDED_DEFAULTS, config_hash
 from resnet8ptq.tracking.search import where
 
@@ -174,7 +175,7 @@ def runs_frame(runs: Iterable[Run]) -> pd.DataFrame:
             }
         )
     frame = pd.DataFrame(rows) if rows else pd.DataFrame(columns=EMPTY_COLUMNS).astype({"quantized": bool})
-    for column in METRIC_COLUMNS:
+    for column in (*METRIC_COLUMNS, *schema.stage_names("metric")):
         frame[column] = frame[column].astype(float) if column in frame else np.nan
     frame["config"] = _configs(frame)
     frame["label"] = _labels(frame)

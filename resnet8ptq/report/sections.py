@@ -32,6 +32,7 @@ from resnet8ptq.report.figures import (
 from resnet8ptq.report.runs import accuracy_name, compared_note, configured
 from resnet8ptq.report.significance import seed_spread
 from resnet8ptq.statistics import significant
+from resnet8ptq.tracking import schema
 
 
 @dataclass(frozen=True)
@@ -262,6 +263,22 @@ def layer_error_section(table: pd.DataFrame) -> list[str]:
     )
     header = ["configuration", "min activation SQNR (dB)", "min weight SQNR (dB)", "worst layer"]
     return ["## Per-layer error (worst layers)", note, Table(header, rows).markdown()]
+
+
+def added_stage_section(table: pd.DataFrame) -> list[str]:
+    """The metrics of the stages added as modules (:mod:`resnet8ptq.stages`), one column each, for the
+    runs that logged any, with the meanings the stages declare."""
+    declared = schema.stage_names("metric")
+    present = [name for name in declared if name in table and table[name].notna().any()]
+    if not present:
+        return []
+    logged = table[table[present].notna().any(axis=1)]
+    rows = [
+        [row["label"], *("—" if pd.isna(row[name]) else f"{row[name]:.4g}" for name in present)]
+        for _, row in logged.iterrows()
+    ]
+    note = "Logged by stages added as modules: " + "; ".join(f"`{n}`: {declared[n]}" for n in present) + "."
+    return ["## Added stages", note, Table(["configuration", *present], rows).markdown()]
 
 
 def tradeoff_section(report: Report) -> list[str]:

@@ -26,6 +26,7 @@ from resnet8ptq.report.runs import comparison_table, configured, latest_per_conf
 from resnet8ptq.report.search import budget_section, mixed_precision_section, search_section
 from resnet8ptq.report.sections import (
     Report,
+    added_stage_section,
     comparison_rows,
     execution_section,
     failed_rows,
@@ -91,7 +92,7 @@ def markdown(report: Report) -> str:
         parts += accuracy_map_section(report) + algorithm_section(table) + device_section(report)
         parts += deployability_section(report)
         parts += per_class_section(report)
-        parts += layer_error_section(table) + tradeoff_section(report)
+        parts += layer_error_section(table) + added_stage_section(table) + tradeoff_section(report)
     parts.append(f"## Failed runs ({len(report.failed)})")
     parts.append(failed_rows(report.failed).markdown() if len(report.failed) else "None: every run finished.")
     return "\n\n".join(parts) + "\n"

@@ -5,7 +5,8 @@ page) and keep the stores honest (every name a test's runs wrote is here). A nam
 stands for a family (``class_acc/<class>``, ``device.<setting>``: every field of
 :class:`~resnet8ptq.device.config.DeviceConfig` but ``batch_size``). MLflow's own tags (``mlflow.*``) and
 the params (the resolved configuration, flattened) are not listed: the configuration's schema
-(:mod:`resnet8ptq.config`) defines those.
+(:mod:`resnet8ptq.config`) defines those. A stage added as a module (:mod:`resnet8ptq.stages`) declares the
+metrics and tags it logs itself; :func:`defines` counts them.
 """
 
 from __future__ import annotations
@@ -182,9 +183,19 @@ _PATTERNS = {kind: [pattern(name) for name in names] for kind, names in _KINDS.i
 
 
 def defines(kind: str, name: str) -> bool:
-    """Whether the schema defines ``name`` as a ``kind`` (metric, tag, artifact): exactly or in a family."""
+    """Whether the schema defines ``name`` as a ``kind`` (metric, tag, artifact): exactly or in a family, or
+    a stage added as a module declares it (:func:`resnet8ptq.stages.declared`)."""
     names = _KINDS[kind]
-    return name in names or any(regex.match(name) for regex in _PATTERNS[kind])
+    return name in names or any(regex.match(name) for regex in _PATTERNS[kind]) or name in stage_names(kind)
+
+
+def stage_names(kind: str) -> dict[str, str]:
+    """The ``kind`` names (metric, tag) that the stages added as modules declare, with their meanings."""
+    if kind == "artifact":
+        return {}
+    from resnet8ptq.stages import declared
+
+    return declared(kind)
 
 
 def undefined(kind: str, names: set[str]) -> list[str]:

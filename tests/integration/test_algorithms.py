@@ -24,6 +24,8 @@ from resnet8ptq.model import CanonicalModel
 from resnet8ptq.spec import QuantSpec
 from resnet8ptq.weight_grid import channel_axis, quantized_weights, weight_grid
 
+pytestmark = pytest.mark.slow
+
 W4_PER_TENSOR = QuantSpec(DtypeConfig("int8", "int8", weight_bits=4), CalibConfig("minmax"))
 ALGOS = {"none": [], "cle": ["cle"], "bias_correction": ["bias_correction"], "adaround": ["adaround"]}
 

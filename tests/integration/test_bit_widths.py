@@ -24,6 +24,8 @@ from resnet8ptq.layers import check_first_last, first_last_layers
 from resnet8ptq.model import CanonicalModel
 from resnet8ptq.spec import QuantSpec
 
+pytestmark = pytest.mark.slow
+
 FP32 = 0.8719
 CONFIGS = {
     "w4-pc": QuantSpec(DtypeConfig("uint8", "int8", weight_bits=4), CalibConfig("minmax"), per_channel=True),

@@ -14,6 +14,8 @@ import pytest
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
+pytestmark = pytest.mark.slow
+
 W4A4_BOPS = 221_290_496  # ResNet8 with the first and last layers at 8 bits, the rest W4A4 (tests/unit)
 W4A4_WEIGHT_BITS = 313_728
 SUM_ORDER = 1e-12  # relative: float sums of the same 14 positive terms in two orders differ by ~1e-16 each

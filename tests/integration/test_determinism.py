@@ -17,6 +17,8 @@ from mlflow.tracking import MlflowClient
 
 from resnet8ptq.model import CanonicalModel
 
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[2]
 
 

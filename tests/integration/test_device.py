@@ -23,6 +23,8 @@ from resnet8ptq.device.executor import execute
 from tests.integration.conftest import Sweeps
 from tests.integration.export_reader import rebuild
 
+pytestmark = [pytest.mark.device, pytest.mark.slow]
+
 DIFFERING_LIMITS = {"onnx": 100, "torch": 300}
 """Test images whose prediction may differ between the integer form and the QDQ reference (of 10,000):
 measured 24 (ONNX Runtime: float conv rounding) and 144 (PyTorch: float biases rounded to int32) on an AMD

@@ -30,6 +30,8 @@ from resnet8ptq.dtype import DtypeConfig
 from resnet8ptq.spec import QuantSpec
 from tests.integration.export_reader import crossbar_accumulate, predict, quantize_input, rebuild
 
+pytestmark = [pytest.mark.device, pytest.mark.slow]
+
 CIM_SWEEP = (
     "-m",
     "backend=onnx",

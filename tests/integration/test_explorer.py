@@ -19,6 +19,8 @@ from tests.integration.conftest import REPO, Sweeps
 from tests.integration.servers import chromium_binary, free_port, served
 from tests.integration.test_mlflow_ui import Browser
 
+pytestmark = [pytest.mark.browser, pytest.mark.server]
+
 NOTEBOOK = REPO / "explore" / "runs.py"
 MARIMO = Path(sys.executable).with_name("marimo")
 LAYER = "conv2d_7_1"  # opened by the URL (?layer=): the 64x64x3x3 convolution, 36,864 weights

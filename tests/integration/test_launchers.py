@@ -19,6 +19,8 @@ from mlflow.tracking import MlflowClient
 
 from resnet8ptq.tracking.sweep import PARENT_RUN_ENV
 
+pytestmark = pytest.mark.slow
+
 
 def runs_in(workdir: Path) -> list[Run]:
     """Every run of the sweep's experiment in the default store (sqlite:///mlflow.db) of ``workdir``."""

@@ -23,6 +23,8 @@ from resnet8ptq.tracking.store import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG
 from tests.integration.conftest import REGISTERED, TOOLCHAIN_SWEEP, Sweeps
 from tests.integration.servers import free_port, served
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def test_images(cifar: Cifar10) -> tuple[np.ndarray, np.ndarray]:
@@ -81,6 +83,7 @@ def test_every_run_logs_a_model_that_predicts_what_the_run_measured(
     assert not [w for w in recwarn if "Add type hints" in str(w.message)]
 
 
+@pytest.mark.server
 def test_onnx_model_serves_over_http(sweeps: Sweeps, test_images, tmp_path: Path) -> None:
     run = next(
         r for r in sweeps.children if r.data.tags["backend"] == "onnx" and r.data.tags["quantized"] == "true"

@@ -25,6 +25,8 @@ from mlflow.tracking import MlflowClient
 from resnet8ptq.tracking.store import runs_page
 from tests.integration.servers import chromium_binary, mlflow_server, stop
 
+pytestmark = [pytest.mark.browser, pytest.mark.server, pytest.mark.slow]
+
 VIEWPORT = (1920, 1000)
 SWEEP = ("-m", "backend=onnx", "dtype=int8,uint8", "report.enabled=false")
 FAILED = "onnx-uint8-int8-entropy-pt"  # added by hand: a failed run as the pipeline leaves one

@@ -1,7 +1,14 @@
-"""End to end through the CLI: a sweep of ORT runs and what MLflow holds afterwards."""
+"""End to end through the CLI: a sweep of ORT runs and what MLflow holds afterwards; a lean run (no MLflow
+Models, no layer analysis) in a copy of the package with a stage added as one module (resnet8ptq/stages/):
+the stage's metric logged, defined, reported and explorable."""
 
 from __future__ import annotations
 
+import json
+import shutil
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import mlflow
@@ -12,6 +19,8 @@ from mlflow.tracking import MlflowClient
 from resnet8ptq import hardware
 from resnet8ptq.data import CLASS_NAMES
 from resnet8ptq.execution import NATIVE, NATIVE_MISMATCH
+
+pytestmark = pytest.mark.slow
 
 QUANTIZED_METRICS = {
     "accuracy",
@@ -64,6 +73,7 @@ QUANTIZED_ARTIFACTS = {
     "analysis/layer_sqnr.csv",
     "analysis/layer_sqnr.png",
 }
+REPO = Path(__file__).resolve().parents[2]
 DTYPES = {"int8": ("int8", "int8"), "uint8": ("uint8", "uint8"), "u8s8": ("uint8", "int8")}
 
 
@@ -202,14 +212,98 @@ def test_failed_run_ends_failed_with_the_error(run_cli, tmp_path: Path) -> None:
     assert "DataError" in child.data.tags["error"] and "/nonexistent/cifar" in child.data.tags["error"]
 
 
+TOY = '''
+"""A toy stage: the share of test images the quantized model predicts as an airplane."""
+
+import numpy as np
+
+from resnet8ptq.stages import Stage, StageResult
+
+
+class ToyStage(Stage):
+    name = "toy"
+    order = 45  # after the device, before the microcontroller
+    metrics = {"toy_airplane_share": "share of the test images predicted as airplane (a toy stage)"}
+    tags = {"toy.seen": "how many predictions the toy stage read"}
+
+    def run(self, inputs, record):
+        predictions = record["quantize"].made.result.reference.predictions
+        assert len(inputs.test_labels) == len(predictions)
+        share = float(np.mean(predictions == 0))
+        return StageResult({"toy_airplane_share": share}, {"toy.seen": str(len(predictions))})
+
+
+STAGE = ToyStage()
+'''
+
+PROBE = """
+import json, sys
+from pathlib import Path
+
+import pandas as pd
+from mlflow.tracking import MlflowClient
+
+import resnet8ptq.explore as ex
+from resnet8ptq.stages import registered
+from resnet8ptq.tracking import schema
+
+client = MlflowClient(f"sqlite:///{sys.argv[1]}/mlflow.db")
+experiment = client.get_experiment_by_name("resnet8ptq")
+runs = client.search_runs([experiment.experiment_id])
+quantized = next(r for r in runs if r.data.tags.get("quantized") == "true" and "reference" not in r.data.tags)
+fp32 = next(r for r in runs if r.data.tags.get("quantized") == "false")
+predictions = pd.read_csv(client.download_artifacts(quantized.info.run_id, "evaluation/predictions.csv"))
+table = ex.runs_table([r for r in runs if r.data.tags.get("sweep") != "true"])
+print(json.dumps({
+    "stages": [stage.name for stage in registered()],
+    "metric": quantized.data.metrics.get("toy_airplane_share"),
+    "airplane_share": float((predictions["predicted"] == 0).mean()),
+    "tag": quantized.data.tags.get("toy.seen"),
+    "fp32_has_it": "toy_airplane_share" in fp32.data.metrics,
+    "undefined": schema.undefined("metric", set(quantized.data.metrics)) + schema.undefined(
+        "tag", {t for t in quantized.data.tags if not t.startswith("mlflow.")}
+    ),
+    "columns": ex.table_columns(table),
+    "report": (Path(sys.argv[2]) / "report.md").read_text(),
+}))
+"""
+
+
+@pytest.fixture(scope="module")
+def lean_run(cli_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    """`run.py -m backend=onnx mlflow.log_models=false layer_analysis=false` in a copy of the package (with
+    run.py and conf/) that has a toy stage added to ``resnet8ptq/stages/`` and nothing else changed: the run's
+    working directory, and what the probe read back (the stages, the toy's metric and tag, the report, the
+    explorer's columns)."""
+    root = tmp_path_factory.mktemp("copy")
+    shutil.copytree(REPO / "resnet8ptq", root / "resnet8ptq", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(REPO / "conf", root / "conf")
+    shutil.copy(REPO / "run.py", root / "run.py")
+    (root / "resnet8ptq" / "stages" / "toy.py").write_text(textwrap.dedent(TOY))
+    (root / "probe.py").write_text(PROBE)
+    work = tmp_path_factory.mktemp("lean")
+    env = {**cli_env, "PYTHONPATH": str(root)}
+    args = ["-m", "backend=onnx", "mlflow.log_models=false", "layer_analysis=false", "hydra.sweep.dir=sweep"]
+    done = subprocess.run(
+        [sys.executable, str(root / "run.py"), *args], cwd=work, env=env, capture_output=True, text=True,
+        timeout=900,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    probe = subprocess.run(
+        [sys.executable, str(root / "probe.py"), str(work), str(work / "sweep")],
+        cwd=work, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert probe.returncode == 0, probe.stderr[-3000:]
+    return work, json.loads(probe.stdout.strip().splitlines()[-1])
+
+
 def test_lean_run_skips_the_mlflow_models_and_the_layer_analysis(
-    run_cli, tmp_path: Path, sweep: tuple[Path, list[Run]]
+    lean_run: tuple[Path, dict], sweep: tuple[Path, list[Run]]
 ) -> None:
     """`mlflow.log_models=false layer_analysis=false`: the same evaluation, the model file as an artifact and
     the datasets as inputs, but no MLflow Model (LoggedModel, `model_uri`) and no per-layer SQNR."""
-    result = run_cli(tmp_path, "backend=onnx", "mlflow.log_models=false", "layer_analysis=false")
-    assert result.returncode == 0, result.stderr[-3000:]
-    runs = runs_in(tmp_path)
+    workdir = lean_run[0]
+    runs = runs_in(workdir)
     assert {r.info.status for r in runs} == {"FINISHED"}
     quantized = next(r for r in runs if r.data.tags.get("quantized") == "true")
     fp32 = next(r for r in runs if r.data.tags.get("quantized") == "false")
@@ -221,8 +315,28 @@ def test_lean_run_skips_the_mlflow_models_and_the_layer_analysis(
     for run in (quantized, fp32):
         assert "model_uri" not in run.data.tags and "sqnr_worst_layer" not in run.data.tags
         assert {i.dataset.name for i in run.inputs.dataset_inputs} >= {"cifar10-test"}
-    paths = artifact_paths(tmp_path, quantized)
+    paths = artifact_paths(workdir, quantized)
     assert paths >= QUANTIZED_ARTIFACTS - {"analysis/layer_sqnr.csv", "analysis/layer_sqnr.png"}
     assert not {p for p in paths if "layer_sqnr" in p}
-    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    client = MlflowClient(f"sqlite:///{workdir / 'mlflow.db'}")
     assert client.search_logged_models([quantized.info.experiment_id]) == []
+
+
+def test_the_added_stage_runs_in_its_order_and_logs_its_result(lean_run: tuple[Path, dict]) -> None:
+    found = lean_run[1]
+    assert found["stages"] == ["fp32", "published", "quantize", "layers", "device", "toy", "mcu"]
+    assert found["metric"] == pytest.approx(found["airplane_share"]) and 0 < found["metric"] < 1
+    assert found["tag"] == "10000"
+    assert not found["fp32_has_it"]  # the FP32 baseline's run is not a stage's run
+
+
+def test_the_schema_defines_what_the_added_stage_declares(lean_run: tuple[Path, dict]) -> None:
+    assert lean_run[1]["undefined"] == []
+
+
+def test_the_added_stage_is_reported_and_explorable(lean_run: tuple[Path, dict]) -> None:
+    found = lean_run[1]
+    section = found["report"].split("## Added stages")[1].split("\n## ")[0]
+    assert "share of the test images predicted as airplane" in section
+    assert f"| onnx int8 minmax | {found['metric']:.4g} |" in section
+    assert "toy_airplane_share" in found["columns"]

@@ -26,6 +26,8 @@ from resnet8ptq.simulation import Simulation, stored_activations
 from resnet8ptq.spec import QuantSpec
 from resnet8ptq.weight_grid import channel_axis, quantized_weights, weight_grid
 
+pytestmark = pytest.mark.slow
+
 W4A4 = QuantSpec(
     DtypeConfig("uint8", "int8", weight_bits=4, activation_bits=4, first_last_bits=8),
     CalibConfig("mse", num_bins=2048),

@@ -33,6 +33,8 @@ from mlflow.tracking import MlflowClient
 from resnet8ptq.tracking.sweep import PARENT_RUN_ENV
 from tests.integration.servers import free_port, mlflow_server, stop, wait_until
 
+pytestmark = [pytest.mark.server, pytest.mark.slow]
+
 QUANTIZED_METRICS = {"accuracy", "accuracy_delta", "model_size_bytes", "size_ratio", "throughput_img_s"}
 QUANTIZED_ARTIFACTS = {
     "model/model_quantized.onnx",

@@ -24,6 +24,8 @@ from resnet8ptq.resolve import result_identity
 from resnet8ptq.tracking.stale import _process_alive, close_stale_runs
 from resnet8ptq.tracking.store import store_lock
 
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[2]
 SWEEP = (
     "-m",

@@ -16,6 +16,8 @@ from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 from onnx import numpy_helper
 
+pytestmark = pytest.mark.slow
+
 SEARCH = (
     "-m",
     "hydra/sweeper=search",

@@ -15,6 +15,8 @@ from resnet8ptq.errors import TrackingError
 from resnet8ptq.tracking.store import configure
 from tests.integration.servers import free_port, mlflow_server
 
+pytestmark = pytest.mark.server
+
 
 def test_a_job_starting_during_an_outage_waits_for_the_server(tmp_path: Path) -> None:
     port = free_port()

@@ -23,6 +23,8 @@ from resnet8ptq.model import CanonicalModel
 from resnet8ptq.spec import QuantSpec
 from tests.integration.conftest import Sweeps
 
+pytestmark = pytest.mark.slow
+
 FP32_CORRECT = 8719  # the .h5's documented top-1 on the 10,000 test images (shared/README.md)
 FP32_TOLERANCE_IMAGES = 5  # the FP32 baseline runs LiteRT's default float kernels, which may differ by CPU
 INT8_MAX_LOSS_POINTS = 1.0  # 8-bit min-max PTQ of this model loses less than a point in every toolchain

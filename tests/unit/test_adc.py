@@ -32,6 +32,8 @@ from resnet8ptq.device.executor import Ideal
 from resnet8ptq.tracking.identity import config_hash
 from tests.unit.test_device import centred_input, conv_layer
 
+pytestmark = pytest.mark.device
+
 
 def exact_error(values: np.ndarray, step: float, first: int, last: int) -> float:
     """The ADC's squared error summed over ``values``, computed value by value."""

@@ -13,6 +13,8 @@ from resnet8ptq.device.dac import InputProfile, clipped_range
 from resnet8ptq.device.executor import Ideal
 from tests.unit.test_device import centred_input, conv_layer
 
+pytestmark = pytest.mark.device
+
 
 def test_the_clip_is_the_smallest_power_of_two_range_holding_the_percentile() -> None:
     counts = np.zeros(256, np.int64)  # inputs 0..255

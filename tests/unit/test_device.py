@@ -19,6 +19,8 @@ from resnet8ptq.device.fixed_point import (
 )
 from resnet8ptq.device.graph import Conv, Quant
 
+pytestmark = pytest.mark.device
+
 
 def tflite_mbqm(x: int, multiplier: int, shift: int) -> int:
     """TFLite's MultiplyByQuantizedMultiplier, statement by statement from common.h (Python ints)."""

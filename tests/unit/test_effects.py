@@ -18,6 +18,8 @@ from resnet8ptq.device.effects import Effect, ProgrammingNoise
 from resnet8ptq.device.executor import Ideal
 from tests.unit.test_device import centred_input, conv_layer
 
+pytestmark = pytest.mark.device
+
 
 @dataclass(frozen=True)
 class AddToCells(Effect):

@@ -10,10 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from resnet8ptq import inputs, pipeline
+from resnet8ptq import inputs
 from resnet8ptq.backends.base import Model
 from resnet8ptq.data import Cifar10
 from resnet8ptq.shared import Shared
+from resnet8ptq.stages import fp32
 
 
 @pytest.fixture
@@ -54,7 +55,7 @@ def test_the_data_is_read_once_per_process_and_root(reads: Counter) -> None:
 def test_runs_of_one_process_evaluate_each_fp32_baseline_once(reads: Counter, tmp_path: Path) -> None:
     shared, backend = Shared(), _CountingBackend()
     baselines = [
-        pipeline.fp32_baseline(
+        fp32.fp32_baseline(
             shared,
             backend,
             tmp_path / "model.onnx",
@@ -74,7 +75,7 @@ def test_two_shared_objects_share_nothing(reads: Counter, tmp_path: Path) -> Non
     first, second = Shared(), Shared()
     for shared in (first, second):
         data = inputs.load_dataset(shared, "/d", False, "/c")
-        pipeline.fp32_baseline(shared, backend, tmp_path / "model.onnx", tmp_path, data)
+        fp32.fp32_baseline(shared, backend, tmp_path / "model.onnx", tmp_path, data)
     assert reads == {"/d": 2} and backend.loads == 2
     first.quantized.put("key", object())  # type: ignore[arg-type]
     assert second.quantized.get("key") is None and first.quantized.get("key") is not None

@@ -13,6 +13,8 @@ from resnet8ptq.report import writer as report
 from resnet8ptq.report.runs import device_columns
 from tests.unit.test_report import AVX2, _log, _metrics, _run
 
+pytestmark = pytest.mark.device
+
 GRID = {(64, 4): 0.20, (64, 8): 0.86, (128, 4): 0.12, (128, 8): 0.85, (256, 4): 0.10, (256, 8): 0.80}
 NOISE = {0.0: (0.868, 0.0), 0.02: (0.70, 0.01), 0.05: (0.30, 0.03)}
 

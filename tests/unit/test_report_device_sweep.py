@@ -19,6 +19,8 @@ from resnet8ptq.statistics import mcnemar
 from tests.unit.test_report import AVX2, _log, _metrics, _run
 from tests.unit.test_report_device import device_tags
 
+pytestmark = pytest.mark.device
+
 IMAGES = 10_000
 RNG = np.random.default_rng(41)
 LABELS = RNG.integers(0, 10, IMAGES)

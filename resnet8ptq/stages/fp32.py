@@ -1,0 +1,85 @@
+"""Stage ``fp32``: the FP32 model in the run's backend and its baseline (logged as a run of its own once per
+sweep and backend), and the run's context tags."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from resnet8ptq import drawing, hardware, records
+from resnet8ptq.backends.base import KERAS_SOURCE, Backend
+from resnet8ptq.data import Cifar10
+from resnet8ptq.evaluate import Baseline, evaluate_baseline
+from resnet8ptq.inputs import RunInputs, test_set
+from resnet8ptq.model import CanonicalModel
+from resnet8ptq.records import RunContext, model_record
+from resnet8ptq.resolve import fp32_model
+from resnet8ptq.shared import Shared
+from resnet8ptq.stages import RunRecord, Stage
+from resnet8ptq.tracking.runs import set_tags
+
+
+@dataclass(frozen=True)
+class Fp32:
+    """The stage's result: the canonical model, its baseline in the run's backend, and what the run's
+    records share (:class:`RunContext`)."""
+
+    canonical: CanonicalModel
+    baseline: Baseline
+    context: RunContext
+
+
+class Fp32Stage(Stage):
+    name = "fp32"
+    order = 10
+
+    def run(self, inputs: RunInputs, record: RunRecord) -> Fp32:
+        """The canonical ONNX model (the .h5 for a backend that converts Keras itself) in the run's backend,
+        its accuracy the baseline; the run's context tags (data, model, versions, hardware), logged now; the
+        baseline's run, once per sweep and backend."""
+        plan, shared = record.plan, record.shared
+        cfg, backend = plan.cfg, plan.backend
+        canonical = fp32_model(cfg.model.path, cfg.model.sha256, Path(cfg.cache_dir))
+        source = source_path(backend, canonical, canonical.onnx_path)
+        drawing.wait_started()  # its start-up over before anything is timed
+        baseline = fp32_baseline(shared, backend, source, Path(cfg.cache_dir), inputs.data)
+        tags = {
+            "data.verified": f"md5 ({inputs.data.layout} layout)",
+            "model.sha256": canonical.h5_sha256,
+            **{f"version.{lib}": version for lib, version in backend.versions().items()},
+            **hardware.detect().tags(),
+        }
+        set_tags(record.run_id, tags)
+        fp32_record = model_record(
+            cfg, backend, baseline.model.path, inputs.test_images, inputs.datasets.fp32
+        )
+        context = RunContext(
+            plan.experiment_id, plan.params, plan.tags | tags, baseline, inputs.perf_subset, record.output_dir
+        )
+        records.log_baseline_once(context, backend.NAME, fp32_record)
+        return Fp32(canonical, baseline, context)
+
+    def log(self, inputs: RunInputs, record: RunRecord, result: Fp32) -> None:
+        """Nothing more: the context tags are on the run from the start, the baseline's run is its own."""
+
+
+STAGE = Fp32Stage()
+
+
+def source_path(backend: Backend, canonical: CanonicalModel, onnx_path: Path) -> Path:
+    """The FP32 file the backend starts from (:attr:`Backend.SOURCE`): ``onnx_path`` (the canonical ONNX
+    model, or the `algo` steps' transform of it), or the .h5 for a backend that converts Keras itself."""
+    return canonical.h5_path if backend.SOURCE == KERAS_SOURCE else onnx_path
+
+
+def fp32_baseline(
+    shared: Shared, backend: Backend, onnx_path: Path, cache_dir: Path, data: Cifar10
+) -> Baseline:
+    """The backend's FP32 model evaluated on the test set, once per ``shared``, backend instance (see
+    make_backend), model file and dataset."""
+
+    def evaluate() -> Baseline:
+        model = backend.load_fp32(onnx_path, cache_dir / backend.NAME)
+        return evaluate_baseline(model, *test_set(shared, data), f"{backend.NAME}-fp32")
+
+    return shared.get("baseline", (backend, onnx_path, cache_dir, data), evaluate)

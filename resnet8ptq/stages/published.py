@@ -1,0 +1,63 @@
+"""Stage ``published``: the quantized models others publish for the backend's format
+(:meth:`~resnet8ptq.backends.base.Backend.published_models`, e.g. MLPerf Tiny's int8 .tflite), each evaluated
+like the backend's own (on the microcontroller path and the run's device too) and logged as a run of its own,
+once per sweep: a stage of the sweep, run by whichever of its runs gets there first."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from resnet8ptq import records
+from resnet8ptq.backends.base import Backend
+from resnet8ptq.device.config import DeviceConfig
+from resnet8ptq.execution import evaluate_quantized
+from resnet8ptq.inputs import RunInputs
+from resnet8ptq.mcu.config import McuConfig
+from resnet8ptq.records import RunContext, model_record
+from resnet8ptq.stages import RunRecord, Stage
+from resnet8ptq.stages.device import on_device
+from resnet8ptq.stages.mcu import on_mcu
+from resnet8ptq.tracking.runs import first_in_sweep
+
+
+class PublishedStage(Stage):
+    name = "published"
+    order = 15  # after the FP32 baseline it is compared with, before this run's own quantization
+
+    def run(self, inputs: RunInputs, record: RunRecord) -> None:
+        plan = record.plan
+        log_published_once(plan.cfg, record["fp32"].context, plan.backend, inputs, plan.mcu, plan.device)
+
+    def log(self, inputs: RunInputs, record: RunRecord, result: None) -> None:
+        """Nothing on this run: each published model is a run of its own, logged when it was evaluated."""
+
+
+STAGE = PublishedStage()
+
+
+def log_published_once(
+    cfg: DictConfig,
+    context: RunContext,
+    backend: Backend,
+    inputs: RunInputs,
+    mcu: McuConfig,
+    device: DeviceConfig,
+) -> None:
+    """Evaluate each quantized model published for the backend's format (:meth:`Backend.published_models`)
+    on the test set like the backend's own (on the microcontroller path and the run's ``device`` too), and
+    log it as a run of its own, once per sweep (on the device of the sweep's run that logs it first)."""
+    for name, published in backend.published_models(Path(cfg.cache_dir)).items():
+        with first_in_sweep(context.experiment_id, **{records.REFERENCE_TAG: name}) as first:
+            if not first:
+                continue
+            tolerance = cfg.native_tolerance_points
+            images, labels = inputs.test_images, inputs.test_labels
+            result = evaluate_quantized(published, images, labels, f"{name} (published)", tolerance)
+            model = model_record(cfg, backend, published.path, images, inputs.datasets.fp32)
+            on_mcu_result = on_mcu(cfg, mcu, backend, published.path, inputs, result.reference, name)
+            device_result = on_device(
+                device, backend, published.path, inputs, result.reference.predictions, f"{name} (published)"
+            )
+            records.log_published(context, name, published, result, model, on_mcu_result, device_result)
