@@ -12,8 +12,10 @@ What is modelled, per layer, for every output (a crossbar column) and every imag
   ``cells_per_weight`` cells of ``bits_per_cell`` bits; each cell column is read on its own, then shifted
   and added.
 * **Non-idealities** (:mod:`.effects`, one module each, in the step they act in): programming noise
-  (aihwkit: ``w_noise``) on the cells, drawn once per seed (the chip is programmed once, then every image
-  runs on it).
+  (aihwkit: ``w_noise``) and stuck cells on the cells, drawn once per seed (the chip is programmed once, then
+  every image runs on it); conductance drift at ``t_inference`` (aihwkit's noise models), with aihwkit's
+  global drift compensation on the digital side; read noise per read; the ADCs' offset, gain error, INL and
+  input noise.
 * **ADC** (aihwkit: ``forward.out_res``, ``out_bound``): each partial sum (tile × input slice × weight
   slice) is read by an ``adc_bits`` ADC: rounded half to even to its step and clamped to its window of codes
   (symmetric ±(2^(b-1) - 1), or 2^b codes over the calibrated range); steps and windows come per layer, tile
@@ -24,8 +26,8 @@ What is modelled, per layer, for every output (a crossbar column) and every imag
   :data:`~.adc.STEP_FRACTION_BITS` fraction bits beside them and the sum is rounded half to even to an
   integer once, after the last tile. The bias is added last, then requantization is the integer executor's.
 
-Not modelled: IR drop and wire resistance, conductance drift and read noise over time, device-to-device
-ADC mismatch and non-linear ADC transfer curves, stuck cells, and any analog activation or pooling.
+Not modelled: IR drop and wire resistance, charge loss of flash cells, aihwkit's accumulated 1/f noise at
+time t, and any analog activation or pooling.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ import torch
 
 from resnet8ptq.device.adc import Geometry, LayerSteps, PartialSumProfile
 from resnet8ptq.device.config import Crossbar
-from resnet8ptq.device.effects import STEPS, Effect, configured
+from resnet8ptq.device.effects import STEPS, Effect, Site, configured
 from resnet8ptq.device.executor import EXACT_FLOAT32, Arithmetic, integer_conv2d, zero_pad
 from resnet8ptq.device.graph import Conv
 
@@ -123,6 +125,8 @@ class CrossbarArithmetic(Arithmetic):
         self._generator = torch.Generator().manual_seed(seed)
         self._read_generator = torch.Generator().manual_seed(seed + READ_STREAM)
         self._tiled: dict[str, tuple[list[tuple[slice, torch.Tensor]], float]] = {}
+        self._rows_of_tile: dict[str, list[torch.Tensor]] = {}  # per tile: ones on its rows, (1, C_t, kh, kw)
+        self._compensation: dict[str, float] = {}  # drift_compensation: the layer's digital scale
         self._adcs: dict[str, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = {}
 
     @property
@@ -150,13 +154,19 @@ class CrossbarArithmetic(Arithmetic):
                     f"(device.bits_per_cell={c.bits_per_cell} x "
                     f"device.cells_per_weight={c.cells_per_weight})."
                 )
-            programmed = []
+            site = Site(self.seed, layer.name)
+            programmed, perturbed = [], []
             for digit, shift in slices(magnitude, c.bits_per_cell, capacity, signed=False):
                 cells = sign * digit
-                for effect in self.effects["program"] + self.effects["perturb"]:
-                    cells = effect.apply(cells, c, self._generator)
-                programmed.append((cells, shift))
-            self._weights[layer.name] = programmed
+                for effect in self.effects["program"]:
+                    cells = effect.apply(cells, c, self._generator, site)
+                programmed.append(cells)
+                for effect in self.effects["perturb"]:
+                    cells = effect.apply(cells, c, self._generator, site)
+                perturbed.append((cells, shift))
+            if c.drift_compensation:
+                self._compensation[layer.name] = drift_compensation(programmed, perturbed)
+            self._weights[layer.name] = perturbed
         return self._weights[layer.name]
 
     def geometry(self, layer: Conv) -> Geometry:
@@ -178,7 +188,7 @@ class CrossbarArithmetic(Arithmetic):
             cells = torch.stack([cell for cell, _ in self.weight_slices(layer)])  # (Sw, O, K)
             kernel = int(np.prod(layer.weight.shape[2:]))  # a channel's kh·kw rows (term order: c, kh, kw)
             bounds = np.cumsum([0, *tile_sizes(layer.terms, c.rows)])
-            tiles, largest = [], 0.0
+            tiles, rows, largest = [], [], 0.0
             for low, high in itertools.pairwise(bounds):
                 channels = slice(int(low) // kernel, -(-int(high) // kernel))
                 mask = torch.zeros(layer.terms, dtype=torch.float64)
@@ -186,6 +196,7 @@ class CrossbarArithmetic(Arithmetic):
                 masked = (cells * mask).reshape(-1, *layer.weight.shape[1:])[:, channels]
                 largest = max(largest, float(masked.abs().sum(dim=(1, 2, 3)).max()))
                 tiles.append((channels, masked))
+                rows.append(mask.reshape(1, *layer.weight.shape[1:])[:, channels])
             largest *= 2.0 ** min(c.dac_bits, in_bits)
             # Noisy cells or readings are not integers: float64, whose rounding error (2^-53 relative) is far
             # below any ADC step, so that a noisy chip reads the same on every kernel (CPU or GPU) but for
@@ -194,6 +205,7 @@ class CrossbarArithmetic(Arithmetic):
             exact = largest < EXACT_FLOAT32 and integral and not self.analog_readings
             dtype = torch.float32 if exact else torch.float64
             self._tiled[layer.name] = ([(ch, w.to(dtype=dtype, device=device)) for ch, w in tiles], largest)
+            self._rows_of_tile[layer.name] = [mask.to(dtype=torch.float64, device=device) for mask in rows]
         return self._tiled[layer.name]
 
     def accumulate(self, layer: Conv, x: torch.Tensor) -> torch.Tensor:
@@ -211,7 +223,8 @@ class CrossbarArithmetic(Arithmetic):
         # with every weight slice stacked on the outputs: (Sx·N, Sw·O, H', W') partial sums per tile.
         padded = zero_pad(layer, torch.cat(digits).to(dtype))
         read_bound, integral = self.adc_bound(layer, largest)
-        integral = integral and not self.effects["convert"]
+        scale = self._compensation.get(layer.name)  # drift_compensation: the digital side scales the column
+        integral = integral and scale is None
         if self.analog_readings and self.crossbar.adc_bits is None:
             read_bound = math.inf  # an ideal ADC does not bound what a read effect adds
         # The readings' sum is exact in float32 while integers stay below 2^24 (every order of summation).
@@ -222,7 +235,7 @@ class CrossbarArithmetic(Arithmetic):
         w_significance = torch.tensor([2.0**ws for ws in w_shifts], dtype=sum_dtype, device=x.device)
         acc, profiled = None, []
         for tile, (channels, weight) in enumerate(tiles):
-            partial = self.read(layer, padded[:, channels], weight)
+            partial = self.read(layer, tile, padded[:, channels], weight)
             if self.profile is not None:
                 profiled.append(partial.clone())
             read = self.convert(layer, tile, partial)
@@ -236,6 +249,8 @@ class CrossbarArithmetic(Arithmetic):
                 column = torch.tensordot(w_significance, read, dims=([0], [1]))  # type: ignore[arg-type]
             else:
                 column = read[:, 0]  # (N, O, H', W')
+            if scale is not None:
+                column = column * scale
             acc = column if acc is None else acc.add_(column)
             if bound >= limit:  # the digital accumulator adds the tiles one by one, saturating
                 acc.clamp_(-limit, limit - 1)
@@ -245,20 +260,33 @@ class CrossbarArithmetic(Arithmetic):
             acc = torch.round(acc)  # fixed point (multiples of 2^-8) to the integer accumulator: half to even
         return acc
 
-    def read(self, layer: Conv, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    def read(self, layer: Conv, tile: int, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """**Read** one row tile: its partial sums (Sx·N, Sw·O, H', W') for the input digits ``x`` (the
-        channels its rows touch), then every ``read`` effect."""
+        channels its rows touch), then every ``read`` effect (with Σ x² over the tile's rows where one needs
+        it: :attr:`~.effects.Effect.needs_input_energy`)."""
         partial = integer_conv2d(x, weight, layer.stride)
+        if not self.effects["read"]:
+            return partial
+        energy = None
+        if any(effect.needs_input_energy for effect in self.effects["read"]):
+            rows = self._rows_of_tile[layer.name][tile]
+            energy = integer_conv2d(x.to(torch.float64).square(), rows, layer.stride)
+        site = Site(self.seed, layer.name, tile, input_energy=energy)
         for effect in self.effects["read"]:
-            partial = effect.apply(partial, self.crossbar, self._read_generator)
+            partial = effect.apply(partial, self.crossbar, self._read_generator, site)
         return partial
 
     def convert(self, layer: Conv, tile: int, partial: torch.Tensor) -> torch.Tensor:
-        """**Convert** one row tile's partial sums: its ADCs (:meth:`adc`), then every ``convert`` effect."""
-        reading = self.adc(layer, tile, partial)
-        for effect in self.effects["convert"]:
-            reading = effect.apply(reading, self.crossbar, self._read_generator)
-        return reading
+        """**Convert** one row tile's partial sums: every ``convert`` effect (the ADCs' own errors, on the
+        partial sums at their input), then the ADCs (:meth:`adc`)."""
+        if self.effects["convert"]:
+            step, low, high = (
+                self.adc_columns(layer, tile, partial) if self.crossbar.adc_bits else (None, None, None)
+            )
+            site = Site(self.seed, layer.name, tile, adc_step=step, code_min=low, code_max=high)
+            for effect in self.effects["convert"]:
+                partial = effect.apply(partial, self.crossbar, self._read_generator, site)
+        return self.adc(layer, tile, partial)
 
     def adc_bound(self, layer: Conv, largest: float) -> tuple[float, bool]:
         """The largest |reading| of the layer's ADCs and whether every reading is an integer. An ideal ADC
@@ -275,6 +303,15 @@ class CrossbarArithmetic(Arithmetic):
         rounds to an integer."""
         if self.crossbar.adc_bits is None:
             return partial.round_()
+        step, low, high = self.adc_columns(layer, tile, partial)
+        code = partial.to(step.dtype).div_(step).round_()
+        return code.clamp_(low, high).mul_(step)
+
+    def adc_columns(
+        self, layer: Conv, tile: int, partial: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The tile's ADCs: step, lowest and highest code per column, (1, Sw·O, 1, 1) each, in the type of
+        its readings (made once per layer, on the partial sums' device)."""
         if layer.name not in self._adcs:
             adcs = self.adc_steps[layer.name]
             dtype = partial.dtype if adcs.integral else torch.float64  # code · (M / 2^8): exact in float64
@@ -288,9 +325,19 @@ class CrossbarArithmetic(Arithmetic):
             self._adcs[layer.name] = list(
                 zip(per_column(adcs.steps), per_column(adcs.code_min), per_column(adcs.code_max), strict=True)
             )
-        step, low, high = self._adcs[layer.name][tile]
-        code = partial.to(step.dtype).div_(step).round_()
-        return code.clamp_(low, high).mul_(step)
+        return self._adcs[layer.name][tile]
+
+
+def drift_compensation(programmed: list[torch.Tensor], drifted: list[tuple[torch.Tensor, int]]) -> float:
+    """aihwkit's ``GlobalDriftCompensation`` for one layer: alpha = mean |y| of a known read right after
+    programming over the same read at t_inference. Its read is one input at a time (one-hot inputs: the
+    identity), whose outputs are the weights the cells hold, Σ_s cells_s·2^shift_s:
+    alpha = Σ|W(t0)| / Σ|W(t)|, the cells after the ``program`` effects against after the ``perturb``
+    effects. The digital side multiplies the layer's column sums by alpha."""
+    before = sum(cells * 2.0**shift for cells, (_, shift) in zip(programmed, drifted, strict=True))
+    after = sum(cells * 2.0**shift for cells, shift in drifted)
+    now = float(after.abs().sum())
+    return float(before.abs().sum()) / now if now else 1.0
 
 
 def input_range(layer: Conv) -> tuple[int, int]:

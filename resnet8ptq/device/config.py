@@ -17,6 +17,8 @@ GRANULARITIES = ("layer", "tile", "column")
 STEPS = ("pow2", "free")
 WINDOWS = ("symmetric", "asymmetric")
 DAC_RANGES = ("full", "percentile")  # the DAC's full scale (device/dac.py)
+DRIFTS = ("none", "constant", "pcm")  # the drift exponent's model (device/effects/drift.py)
+ADC_ERRORS = ("adc_offset", "adc_gain", "adc_inl", "adc_noise")
 
 
 LAYOUT = ("rows", "dac_bits", "dac_range", "dac_percentile", "bits_per_cell", "cells_per_weight")
@@ -48,6 +50,23 @@ class Crossbar:
     cells_per_weight: int = 1  # cells a weight's magnitude is sliced over
     # programming noise σ, a fraction of a cell's range (aihwkit: w_noise; effects/programming_noise.py)
     weight_noise: float = field(default=0.0, metadata=DRAWN)
+    # fractions of cells stuck at the lowest / the highest level, per chip (effects/stuck_cells.py)
+    stuck_off: float = field(default=0.0, metadata=DRAWN)
+    stuck_on: float = field(default=0.0, metadata=DRAWN)
+    # conductance drift: none | constant | pcm (aihwkit's noise models' nu; effects/drift.py)
+    drift: str = field(default="none", metadata=DRAWN)
+    t_inference: float = 0.0  # seconds since programming (aihwkit: t_inference)
+    drift_t0: float = 20.0  # the first read after programming, seconds (aihwkit: t_0)
+    drift_nu_mean: float = 0.1  # drift=constant: nu's mean (aihwkit StateIndependentNoiseModel's name)
+    drift_nu_std: float = 0.05  # drift=constant: nu's spread (aihwkit: drift_nu_std)
+    drift_compensation: bool = False  # one digital scale per layer (aihwkit: GlobalDriftCompensation)
+    # read noise σ per read, a fraction of a cell's range (aihwkit: w_noise, ADDITIVE_CONSTANT; read_noise.py)
+    read_noise: float = field(default=0.0, metadata=DRAWN)
+    # the ADCs' own errors, in LSB (effects/adc_errors.py): offset and gain σ per ADC, INL, input noise
+    adc_offset: float = field(default=0.0, metadata=DRAWN)
+    adc_gain: float = field(default=0.0, metadata=DRAWN)
+    adc_inl: float = 0.0
+    adc_noise: float = field(default=0.0, metadata=DRAWN)
     accumulator_bits: int = 32  # the digital accumulator adding the tiles (saturating)
 
     def ideal(self) -> Crossbar:
@@ -113,6 +132,17 @@ class DeviceConfig(Crossbar):
                 math.isfinite(self.weight_noise) and self.weight_noise >= 0,
                 f"device.weight_noise={self.weight_noise}: expected a σ >= 0 (a fraction of a cell's range)",
             ),
+            *_fraction_checks(self),
+            (self.drift in DRIFTS, f"device.drift={self.drift!r}: expected one of {', '.join(DRIFTS)}"),
+            *_drift_checks(self),
+            *(
+                (
+                    self.adc_bits is not None or not getattr(self, name),
+                    f"device.{name}={getattr(self, name)}: an ideal ADC (device.adc_bits=null) has no "
+                    "errors; set device.adc_bits",
+                )
+                for name in ADC_ERRORS
+            ),
             (
                 8 <= self.accumulator_bits <= 64,
                 f"device.accumulator_bits={self.accumulator_bits}: expected 8..64 bits",
@@ -175,6 +205,12 @@ class DeviceConfig(Crossbar):
             else []
         )
         parts += [f"n{self.weight_noise:g}"] if self.weight_noise else []
+        parts += [f"stuck{self.stuck_off:g}-{self.stuck_on:g}"] if self.stuck_off or self.stuck_on else []
+        if self.drift != "none":
+            parts += [f"{self.drift}-t{self.t_inference:g}"] + (["gdc"] if self.drift_compensation else [])
+        parts += [f"rn{self.read_noise:g}"] if self.read_noise else []
+        short = {"adc_offset": "ofs", "adc_gain": "gain", "adc_inl": "inl", "adc_noise": "adcn"}
+        parts += [f"{short[name]}{getattr(self, name):g}" for name in ADC_ERRORS if getattr(self, name)]
         parts += [f"acc{self.accumulator_bits}"] if self.accumulator_bits != 32 else []
         return "-".join(parts)
 
@@ -226,3 +262,58 @@ def _percentile_checks(config: DeviceConfig, side: str, rule: str, above: float)
 
 def _changed(config: DeviceConfig, field: object) -> bool:
     return getattr(config, field.name) != field.default
+
+
+def _fraction_checks(device: DeviceConfig) -> list[tuple[bool, str]]:
+    """σs and fractions: finite and >= 0; the stuck fractions at most 1 together."""
+    sigmas = ("read_noise", "adc_offset", "adc_gain", "adc_noise")
+    checks = [
+        (
+            math.isfinite(getattr(device, name)) and getattr(device, name) >= 0,
+            f"device.{name}={getattr(device, name)}: expected a σ >= 0",
+        )
+        for name in sigmas
+    ]
+    stuck = device.stuck_off, device.stuck_on
+    checks.append(
+        (
+            all(math.isfinite(p) and p >= 0 for p in stuck) and sum(stuck) <= 1,
+            f"device.stuck_off={device.stuck_off}, device.stuck_on={device.stuck_on}: expected fractions "
+            ">= 0 of at most 1 together",
+        )
+    )
+    checks.append((math.isfinite(device.adc_inl), f"device.adc_inl={device.adc_inl}: expected a number"))
+    return checks
+
+
+def _drift_checks(device: DeviceConfig) -> list[tuple[bool, str]]:
+    """Time and nu's settings only with a drift that reads them, each in its range."""
+    defaults = {item.name: item.default for item in fields(Crossbar)}
+    off = device.drift == "none"
+    nu = [name for name in ("drift_nu_mean", "drift_nu_std") if getattr(device, name) != defaults[name]]
+    return [
+        (
+            math.isfinite(device.t_inference) and device.t_inference >= 0,
+            f"device.t_inference={device.t_inference}: expected seconds >= 0",
+        ),
+        (
+            math.isfinite(device.drift_t0) and device.drift_t0 > 0,
+            f"device.drift_t0={device.drift_t0}: expected seconds > 0",
+        ),
+        (
+            device.drift_nu_mean >= 0 and device.drift_nu_std >= 0,
+            f"device.drift_nu_mean={device.drift_nu_mean}, device.drift_nu_std={device.drift_nu_std}: "
+            "expected >= 0",
+        ),
+        (
+            not off or (device.t_inference == 0 and not device.drift_compensation),
+            f"device.t_inference={device.t_inference:g}, device.drift_compensation="
+            f"{device.drift_compensation} with device.drift=none: nothing drifts; set device.drift="
+            "constant or pcm",
+        ),
+        (
+            device.drift == "constant" or not nu,
+            f"{', '.join(f'device.{n}={getattr(device, n)}' for n in nu)} with device.drift={device.drift}: "
+            "nu's mean and spread are drift=constant's (pcm draws nu from each cell's level)",
+        ),
+    ]

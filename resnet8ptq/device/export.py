@@ -209,8 +209,11 @@ CROSSBAR_CONVENTIONS = {
     "cells_per_weight digits of bits_per_cell bits, lowest first "
     "(layers[].weight_slice_shifts); the cell holds sign * digit.",
     "effects": "effects lists the non-idealities on, per step of the chip (program, perturb: the cells once "
-    "per programmed chip; read: each tile's partial sums; convert: the ADC's readings), in the order they "
-    "act; docs/device.md gives each one's formula.",
+    "per programmed chip; read: each tile's partial sums; convert: the partial sums at the ADC's input, "
+    "before it rounds them), in the order they act; docs/device.md gives each one's formula. With "
+    "drift_compensation, each layer's column sums are multiplied digitally by alpha = sum |W| after the "
+    "program effects / sum |W| after the perturb effects (W = sum of cell * 2^shift over the slices), "
+    "then rounded to the integer accumulator.",
     "programming_noise": "weight_noise > 0: each cell's level gets sigma * n, sigma = weight_noise * "
     "(2^bits_per_cell - 1), n standard normal from "
     "torch.Generator().manual_seed(seed), drawn once per programmed chip: layer "

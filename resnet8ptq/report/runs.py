@@ -197,17 +197,27 @@ def device_columns(tags: dict[str, str]) -> dict[str, object]:
     if kind == "none":
         return columns
     settings = {name: tags[f"device.{name}"] for name in DEVICE_SETTINGS if f"device.{name}" in tags}
-    typed = {name: _setting(value) for name, value in settings.items()}
+    typed = {name: _setting(value, name) for name, value in settings.items()}
     if kind == "cim":  # a setting a run has no tag of came later: it ran at the earlier value (identity.py)
-        typed = {name: _setting(ADDED_DEFAULTS[f"device.{name}"]) for name in DEVICE_SETTINGS} | typed
+        earlier = {name: _setting(ADDED_DEFAULTS[f"device.{name}"], name) for name in DEVICE_SETTINGS}
+        typed = earlier | typed
     columns["device"] = DeviceConfig(kind=kind, **typed).label
     columns |= {f"device_{name}": typed[name] for name in typed}
     columns |= {name: np.nan for name, value in columns.items() if value is None}
     return columns
 
 
-def _setting(value: str) -> object:
-    """A ``device.*`` tag's value as the config held it."""
+SETTING_DEFAULTS = {item.name: item.default for item in fields(Crossbar)}
+
+
+def _setting(value: str, name: str | None = None) -> object:
+    """A ``device.*`` tag's value as the config held it (``name``: the setting, whose default's type says
+    how: a choice such as ``drift=none`` stays a string, a flag is a bool)."""
+    default = SETTING_DEFAULTS.get(name or "")
+    if isinstance(default, bool):
+        return value.lower() == "true"
+    if isinstance(default, str):
+        return value
     if value in ("none", "null", "None"):
         return None
     for cast in (int, float):

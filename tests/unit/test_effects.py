@@ -4,6 +4,8 @@ crossbar (calibration's) without any of them."""
 
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -12,13 +14,17 @@ import pytest
 import torch
 
 from resnet8ptq.device import effects
+from resnet8ptq.device.adc import Geometry, LayerSteps
 from resnet8ptq.device.cim import READ_STREAM, CrossbarArithmetic
 from resnet8ptq.device.config import Crossbar, DeviceConfig
-from resnet8ptq.device.effects import Effect, ProgrammingNoise
+from resnet8ptq.device.effects import AdcErrors, Drift, Effect, ProgrammingNoise, ReadNoise, StuckCells
+from resnet8ptq.device.effects.base import Site
 from resnet8ptq.device.executor import Ideal
 from tests.unit.test_device import centred_input, conv_layer
 
 pytestmark = pytest.mark.device
+
+SITE = Site(seed=0, layer="conv")
 
 
 @dataclass(frozen=True)
@@ -28,7 +34,9 @@ class AddToCells(Effect):
     offset: float
     step: ClassVar[str] = "perturb"
 
-    def apply(self, values: torch.Tensor, crossbar: Crossbar, generator: torch.Generator) -> torch.Tensor:
+    def apply(
+        self, values: torch.Tensor, crossbar: Crossbar, generator: torch.Generator, site
+    ) -> torch.Tensor:
         return values + self.offset
 
 
@@ -40,7 +48,9 @@ class ReadOffset(Effect):
     step: ClassVar[str] = "read"
     draws: ClassVar[bool] = True
 
-    def apply(self, values: torch.Tensor, crossbar: Crossbar, generator: torch.Generator) -> torch.Tensor:
+    def apply(
+        self, values: torch.Tensor, crossbar: Crossbar, generator: torch.Generator, site
+    ) -> torch.Tensor:
         draw = float(torch.randn(1, generator=generator, dtype=torch.float64))
         self.drawn.append(draw)
         return values + draw
@@ -49,7 +59,7 @@ class ReadOffset(Effect):
 def test_programming_noise_is_sigma_times_the_cell_range_times_a_normal_draw() -> None:
     levels = torch.tensor([[0.0, 3.0, -2.0], [1.0, 0.0, 3.0]], dtype=torch.float64)
     crossbar = Crossbar(bits_per_cell=2, weight_noise=0.1)
-    noisy = ProgrammingNoise(0.1).apply(levels, crossbar, torch.Generator().manual_seed(5))
+    noisy = ProgrammingNoise(0.1).apply(levels, crossbar, torch.Generator().manual_seed(5), SITE)
     normal = torch.randn((2, 3), generator=torch.Generator().manual_seed(5), dtype=torch.float64)
     assert torch.allclose(noisy, levels + 0.1 * 3 * normal, rtol=0, atol=1e-15)  # 2-bit cells: range 3
     assert ProgrammingNoise.configured(crossbar) == ProgrammingNoise(0.1)
@@ -113,3 +123,172 @@ def test_a_read_effect_draws_from_its_own_stream_and_leaves_the_chip_as_programm
     assert read_effect.drawn == expected.tolist()
     # An ideal ADC rounds each tile's partial sums: the offset moves them by its rounding, tile by tile.
     assert not torch.equal(acc, plain)
+
+
+def test_stuck_cells_hold_the_lowest_or_the_highest_level_where_drawn() -> None:
+    """Each cell of the pair (G+ = max(v, 0), G- = max(-v, 0)) is stuck off where u < off and on where
+    off <= u < off + on, u one uniform draw per cell, G+ first."""
+    levels = torch.tensor([[3.0, -2.0, 0.0], [1.0, 0.0, -3.0]], dtype=torch.float64)
+    effect = StuckCells(off=0.2, on=0.3)
+    stuck = effect.apply(levels, Crossbar(bits_per_cell=2), torch.Generator().manual_seed(9), SITE)
+    u = torch.rand((2, 2, 3), generator=torch.Generator().manual_seed(9), dtype=torch.float64)
+    expected = torch.zeros_like(levels)
+    for index in np.ndindex(*levels.shape):
+        pair = [max(float(levels[index]), 0.0), max(-float(levels[index]), 0.0)]
+        for cell in (0, 1):
+            draw = float(u[(cell, *index)])
+            pair[cell] = 0.0 if draw < 0.2 else 3.0 if draw < 0.5 else pair[cell]  # 2-bit cells: top 3
+        expected[index] = pair[0] - pair[1]
+    assert torch.equal(stuck, expected) and not torch.equal(stuck, levels)
+    assert StuckCells.configured(Crossbar(stuck_on=0.01)) == StuckCells(0.0, 0.01)
+
+
+@pytest.mark.parametrize("model", ["constant", "pcm"])
+def test_drift_scales_each_cell_by_the_time_ratio_to_its_own_exponent(model: str) -> None:
+    """G(t) = G·((t + t0) / t0)^(-nu); nu = |mu + sigma·n|: constant mu, sigma, or aihwkit's PCM fit of the
+    cell's level ĝ = |level| / 255 (mu = clamp(-0.0155 ln ĝ + 0.0244, 0.049, 0.1), sigma = clamp(-0.0125 ln ĝ
+    - 0.0059, 0.008, 0.045))."""
+    levels = torch.tensor([[255.0, -51.0, 1.0, 0.0]], dtype=torch.float64)
+    crossbar = Crossbar(drift=model, t_inference=86_400.0)
+    effect = Drift.configured(crossbar)
+    drifted = effect.apply(levels, crossbar, torch.Generator().manual_seed(4), SITE)
+    normal = torch.randn(levels.shape, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    if model == "constant":
+        mu, sigma = torch.full_like(levels, 0.1), torch.full_like(levels, 0.05)
+    else:
+        g = [1.0, 0.2, 1 / 255, 1e-7]
+        mu = torch.tensor(
+            [[min(max(-0.0155 * math.log(x) + 0.0244, 0.049), 0.1) for x in g]], dtype=torch.float64
+        )
+        sigma = torch.tensor(
+            [[min(max(-0.0125 * math.log(x) - 0.0059, 0.008), 0.045) for x in g]], dtype=torch.float64
+        )
+        assert mu[0, 0] == 0.049 and sigma[0, 0] == 0.008 and mu[0, 3] == 0.1  # the clamps
+    nu = (mu.double() + sigma.double() * normal).abs()
+    expected = levels * ((86_400 + 20) / 20) ** -nu
+    assert torch.allclose(drifted, expected, rtol=1e-14, atol=0)
+    at_t0 = Drift.configured(Crossbar(drift=model)).apply(levels, crossbar, torch.Generator(), SITE)
+    assert torch.equal(at_t0, levels)  # t_inference = 0: the first read, nothing drifted yet
+
+
+def test_global_drift_compensation_undoes_a_uniform_drift() -> None:
+    """With one nu for every cell (drift_nu_std = 0), drift scales every weight by r^-nu, and aihwkit's global
+    compensation (the mean |W| right after programming over the mean |W| at t) is r^nu: it brings the
+    column sums back to the ideal ones but for the ADC's rounding of the smaller readings (an ideal ADC
+    rounds each to an integer: 1/2 per tile and weight slice, times its significance and alpha)."""
+    rng = np.random.default_rng(13)
+    layer = conv_layer(rng)
+    x = centred_input(rng, layer)
+    ideal = Ideal().accumulate(layer, x).double()
+    settings = {"rows": 64, "cells_per_weight": 2, "bits_per_cell": 4, "drift": "constant"}
+    settings |= {"drift_nu_std": 0.0, "t_inference": 3.15e7}
+    drifted = CrossbarArithmetic(Crossbar(**settings)).accumulate(layer, x).double()
+    chip = CrossbarArithmetic(Crossbar(**settings, drift_compensation=True))
+    compensated = chip.accumulate(layer, x)
+    alpha = ((3.15e7 + 20) / 20) ** 0.1
+    assert chip._compensation["conv"] == pytest.approx(alpha, rel=1e-12)
+    rounding = 3 * 0.5 * (1 + 2**4)  # three tiles, two weight slices (shifts 0 and 4)
+    assert torch.allclose(compensated, ideal, rtol=0, atol=rounding * alpha + 0.5)
+    assert torch.allclose(drifted, ideal / alpha, rtol=0, atol=rounding)
+    # a year at nu = 0.1: 0.24 of the conductance is left
+    assert float(drifted.abs().sum() / ideal.abs().sum()) == pytest.approx(0.240, abs=0.001)
+
+
+def test_read_noise_adds_sigma_times_the_cell_range_times_the_inputs_norm() -> None:
+    """Partial sum + σ·(2^b - 1)·sqrt(Σ x²)·n over the tile's rows; the crossbar gives each read effect
+    that needs it Σ x² over exactly the rows of its tile."""
+    values = torch.tensor([[[[10.0]], [[-4.0]]]], dtype=torch.float64)  # (1, 2, 1, 1)
+    energy = torch.tensor([[[[9.0]]]], dtype=torch.float64)
+    noisy = ReadNoise(0.01).apply(
+        values, Crossbar(), torch.Generator().manual_seed(2), Site(0, "c", 0, energy)
+    )
+    normal = torch.randn((1, 2, 1, 1), generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    assert torch.allclose(noisy, values + 0.01 * 255 * 3 * normal, rtol=1e-15, atol=0)
+    rng = np.random.default_rng(14)
+    layer = conv_layer(rng)
+    x = centred_input(rng, layer)
+    recorded = EnergyRecorder()
+    CrossbarArithmetic(Crossbar(rows=64), effects=[recorded]).accumulate(layer, x)
+    padded = torch.nn.functional.pad(x.double(), (1, 1, 1, 1)).square()
+    rows = torch.zeros(144, dtype=torch.float64)  # 16 channels x 3 x 3 terms in 3 tiles: 48 each
+    for tile, energy in enumerate(recorded.energies):
+        rows.zero_()
+        rows[48 * tile : 48 * (tile + 1)] = 1
+        expected = torch.nn.functional.conv2d(padded, rows.reshape(1, 16, 3, 3))
+        assert torch.equal(energy, expected)
+    assert len(recorded.energies) == 3
+
+
+@dataclass(frozen=True)
+class EnergyRecorder(Effect):
+    """A read effect that records the Σ x² the crossbar gives it and changes nothing."""
+
+    energies: list[torch.Tensor] = field(default_factory=list, compare=False)
+    step: ClassVar[str] = "read"
+    needs_input_energy: ClassVar[bool] = True
+
+    def apply(
+        self, values: torch.Tensor, crossbar: Crossbar, generator: torch.Generator, site
+    ) -> torch.Tensor:
+        self.energies.append(site.input_energy)
+        return values
+
+
+def test_adc_errors_are_fixed_per_adc_and_chip_and_act_before_the_adc_rounds() -> None:
+    """In LSB: p/step·(1 + gain) + offset + inl·4f(1 - f) + noise·n; offset and gain drawn per column from
+    the site's chip generator (the same in every batch), the noise from the read stream."""
+    values = torch.tensor([[[[12.0]], [[-30.0]], [[0.0]]]], dtype=torch.float64)  # three ADCs
+    step = torch.tensor([2.0, 4.0, 1.0], dtype=torch.float64).reshape(1, 3, 1, 1)
+    low, high = torch.full_like(step, -8.0), torch.full_like(step, 7.0)
+    site = Site(5, "conv", 1, adc_step=step, code_min=low, code_max=high)
+    effect = AdcErrors(offset=0.5, gain=0.02, inl=0.3, noise=0.1)
+    first = effect.apply(values, Crossbar(adc_bits=4), torch.Generator().manual_seed(1), site)
+    chip = site.chip_generator("adc_errors")
+    offset, gain = (
+        0.5 * torch.randn(3, generator=chip, dtype=torch.float64),
+        0.02 * torch.randn(3, generator=chip, dtype=torch.float64),
+    )
+    lsb = (values / step) * (1 + gain.reshape(1, 3, 1, 1)) + offset.reshape(1, 3, 1, 1)
+    place = ((lsb + 8) / 15).clamp(0, 1)
+    noise = torch.randn((1, 3, 1, 1), generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    expected = (lsb + 0.3 * 4 * place * (1 - place) + 0.1 * noise) * step
+    assert torch.allclose(first, expected, rtol=1e-14, atol=0)
+    again = effect.apply(values, Crossbar(adc_bits=4), torch.Generator().manual_seed(99), site)
+    still = AdcErrors(offset=0.5, gain=0.02, inl=0.0, noise=0.0)
+    fixed = [still.apply(values, Crossbar(), torch.Generator().manual_seed(s), site) for s in (1, 2)]
+    assert not torch.equal(first, again) and torch.equal(*fixed)  # the noise is per read, the rest fixed
+    other_chip = still.apply(values, Crossbar(), torch.Generator(), Site(6, "conv", 1, None, step, low, high))
+    assert not torch.equal(other_chip, fixed[0])
+
+
+def test_the_crossbar_hands_its_adcs_to_a_convert_effect_before_they_round() -> None:
+    """With ADC offsets on, a 5-bit crossbar reads other codes than without; each reading stays a code of
+    its ADC times its step (the errors act at the ADC's input), and the same chip reads the same."""
+    rng = np.random.default_rng(15)
+    layer = conv_layer(rng)
+    x = centred_input(rng, layer)
+    geometry = Geometry(tiles=3, slices=1, outputs=8)  # 144 terms at 64 rows
+    steps = {"conv": LayerSteps.symmetric(geometry, "layer", np.array([2.0**10]), 5)}
+    clean = CrossbarArithmetic(Crossbar(rows=64, adc_bits=5), adc_steps=steps).accumulate(layer, x)
+    crossbar = Crossbar(rows=64, adc_bits=5, adc_offset=2.0)
+    offset = [CrossbarArithmetic(crossbar, seed=s, adc_steps=steps).accumulate(layer, x) for s in (0, 0, 1)]
+    assert not torch.equal(clean, offset[0]) and torch.all(offset[0] % 2**10 == 0)
+    assert torch.equal(offset[0], offset[1]) and not torch.equal(offset[0], offset[2])
+
+
+def test_bad_settings_of_the_effects_fail_before_any_work() -> None:
+    for settings, message in [
+        ({"t_inference": 60.0}, "with device.drift=none: nothing drifts"),
+        ({"drift_compensation": True}, "with device.drift=none: nothing drifts"),
+        ({"drift": "pcm", "drift_nu_mean": 0.2}, "are drift=constant's"),
+        ({"drift": "weibull"}, "device.drift='weibull': expected one of none, constant, pcm"),
+        ({"drift": "pcm", "t_inference": -1.0}, "device.t_inference=-1.0: expected seconds >= 0"),
+        ({"stuck_off": 0.6, "stuck_on": 0.6}, "of at most 1 together"),
+        ({"read_noise": -0.1}, "device.read_noise=-0.1: expected a σ >= 0"),
+        ({"adc_inl": 0.5}, "device.adc_inl=0.5: an ideal ADC (device.adc_bits=null) has no errors"),
+    ]:
+        with pytest.raises(ValueError, match=re.escape(message)):
+            DeviceConfig(kind="cim", **settings)
+    noisy = DeviceConfig(kind="cim", adc_bits=4, drift="pcm", t_inference=3600.0, drift_compensation=True)
+    assert noisy.noisy and noisy.label == "cim-adc4-pcm-t3600-gdc"
+    assert not DeviceConfig(kind="cim", adc_bits=4, adc_inl=0.5).noisy  # INL alone draws nothing

@@ -39,6 +39,16 @@ def test_a_run_from_before_the_adc_rules_reads_as_max_per_layer() -> None:
     assert device_columns(device_tags(rows=128, adc_bits=4))["device"] == "cim-r128-adc4"
 
 
+def test_a_chip_over_time_reads_back_from_its_tags() -> None:
+    """A choice whose value is `none` stays a choice, a flag reads as a bool: the label is the run's own."""
+    tags = device_tags(adc_bits=4, drift="pcm", t_inference=3600.0, drift_compensation=True, read_noise=0.01)
+    columns = device_columns(tags)
+    assert columns["device"] == "cim-adc4-pcm-t3600-gdc-rn0.01"
+    assert columns["device_drift_compensation"] is True and columns["device_t_inference"] == 3600.0
+    plain = device_columns(device_tags(adc_bits=4))
+    assert plain["device_drift"] == "none" and plain["device_drift_compensation"] is False
+
+
 @pytest.fixture(scope="module")
 def markdown(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
     root = tmp_path_factory.mktemp("device-report")

@@ -1,9 +1,10 @@
 """The crossbar's non-idealities, one module each, in the steps a chip goes through (docs/device.md):
 
-1. ``program``: the weights written into cells (after slicing: :mod:`.programming_noise`);
-2. ``perturb``: the programmed cells changed over time before they are read (none yet);
-3. ``read``: a tile's analog partial sums as the array produces them (none yet);
-4. ``convert``: the readings once the ADC has converted them (none yet).
+1. ``program``: the weights written into cells (after slicing: :mod:`.programming_noise`,
+   :mod:`.stuck_cells`);
+2. ``perturb``: the programmed cells changed over time before they are read (:mod:`.drift`);
+3. ``read``: a tile's analog partial sums as the array produces them (:mod:`.read_noise`);
+4. ``convert``: the partial sums at the ADC's input, before it rounds them (:mod:`.adc_errors`).
 
 An effect is a frozen dataclass of its parameters (aihwkit's vocabulary) built from the crossbar's settings by
 :meth:`Effect.configured` (``None`` when the settings leave it off: every effect is off on the ideal crossbar,
@@ -18,15 +19,31 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from resnet8ptq.device.effects.base import CELL_STEPS, STEPS, Effect
+from resnet8ptq.device.effects.adc_errors import AdcErrors
+from resnet8ptq.device.effects.base import CELL_STEPS, STEPS, Effect, Site
+from resnet8ptq.device.effects.drift import Drift
 from resnet8ptq.device.effects.programming_noise import ProgrammingNoise
+from resnet8ptq.device.effects.read_noise import ReadNoise
+from resnet8ptq.device.effects.stuck_cells import StuckCells
 
 if TYPE_CHECKING:
     from resnet8ptq.device.config import Crossbar
 
-__all__ = ["CELL_STEPS", "EFFECTS", "STEPS", "Effect", "configured"]
+__all__ = [
+    "CELL_STEPS",
+    "EFFECTS",
+    "STEPS",
+    "AdcErrors",
+    "Drift",
+    "Effect",
+    "ProgrammingNoise",
+    "ReadNoise",
+    "Site",
+    "StuckCells",
+    "configured",
+]
 
-EFFECTS: tuple[type[Effect], ...] = (ProgrammingNoise,)
+EFFECTS: tuple[type[Effect], ...] = (ProgrammingNoise, StuckCells, Drift, ReadNoise, AdcErrors)
 """Every non-ideality, in the order they act within a step."""
 
 

@@ -1,7 +1,10 @@
-"""What every non-ideality of the crossbar is: the step it acts in, whether it is random, its arithmetic."""
+"""What every non-ideality of the crossbar is: the step it acts in, whether it is random, its arithmetic, and
+where it acts (:class:`Site`)."""
 
 from __future__ import annotations
 
+import hashlib
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 if TYPE_CHECKING:
@@ -14,18 +17,48 @@ CELL_STEPS = ("program", "perturb")
 """Steps whose effects act on the cells (one weight slice's (O, K) levels), once per programmed chip."""
 
 
+@dataclass(frozen=True)
+class Site:
+    """Where an effect acts: the chip (its ``seed``), the layer and, for ``read`` and ``convert``, the row
+    ``tile``; a read effect that asks for it (:attr:`Effect.needs_input_energy`) gets ``input_energy``, Σ x²
+    over the tile's rows for every partial sum's input digits, (Sx·N, 1, H', W'); a convert effect gets the
+    tile's ADCs: ``adc_step``, ``code_min`` and ``code_max`` per column, (1, Sw·O, 1, 1)."""
+
+    seed: int
+    layer: str
+    tile: int | None = None
+    input_energy: torch.Tensor | None = None
+    adc_step: torch.Tensor | None = None
+    code_min: torch.Tensor | None = None
+    code_max: torch.Tensor | None = None
+
+    def chip_generator(self, effect: str) -> torch.Generator:
+        """A generator for what ``effect`` draws once per chip at this site (an ADC's offset, say): seeded
+        from the chip's seed, the layer, the tile and the effect's name, so that the same chip draws the same
+        values in every batch and on every machine."""
+        import torch
+
+        key = f"{self.seed}/{self.layer}/{self.tile}/{effect}".encode()
+        return torch.Generator().manual_seed(int.from_bytes(hashlib.sha256(key).digest()[:8], "little"))
+
+
 class Effect:
     """A non-ideality of the crossbar: the step it acts in, whether it is random, its arithmetic."""
 
     step: ClassVar[str]
     draws: ClassVar[bool] = False  # random: drawn from the chip's seed (device.noise_seeds draws)
+    needs_input_energy: ClassVar[bool] = False  # read: Site.input_energy is computed for it
 
     @classmethod
     def configured(cls, crossbar: Crossbar) -> Effect | None:
         """The effect with the crossbar's settings, or ``None`` when they leave it off."""
         raise NotImplementedError
 
-    def apply(self, values: torch.Tensor, crossbar: Crossbar, generator: torch.Generator) -> torch.Tensor:
+    def apply(
+        self, values: torch.Tensor, crossbar: Crossbar, generator: torch.Generator, site: Site
+    ) -> torch.Tensor:
         """``values`` after the effect: a weight slice's cell levels (O, K) in float64 (``program``,
-        ``perturb``), a tile's partial sums (``read``) or ADC readings (``convert``), (Sx·N, Sw·O, H', W')."""
+        ``perturb``; ``generator``: the chip's), a tile's partial sums (``read``) or the partial sums at its
+        ADCs' input, before they round (``convert``), (Sx·N, Sw·O, H', W') (``generator``: the read stream,
+        drawn per batch)."""
         raise NotImplementedError

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
-from resnet8ptq.device.effects.base import Effect
+from resnet8ptq.device.effects.base import Effect, Site
 
 if TYPE_CHECKING:
     from resnet8ptq.device.config import Crossbar
@@ -28,7 +28,9 @@ class ProgrammingNoise(Effect):
     def configured(cls, crossbar: Crossbar) -> ProgrammingNoise | None:
         return cls(crossbar.weight_noise) if crossbar.weight_noise else None
 
-    def apply(self, values: torch.Tensor, crossbar: Crossbar, generator: torch.Generator) -> torch.Tensor:
+    def apply(
+        self, values: torch.Tensor, crossbar: Crossbar, generator: torch.Generator, site: Site
+    ) -> torch.Tensor:
         """Levels + σ·(2^bits_per_cell - 1)·n, n standard normal: one ``torch.randn`` of the levels' shape in
         float64 from the chip's generator."""
         noise = torch.randn(values.shape, generator=generator, dtype=torch.float64)

@@ -1,0 +1,40 @@
+"""Read noise (aihwkit: ``forward.w_noise`` with ``WeightNoiseType.ADDITIVE_CONSTANT``; CrossSim's
+``read_noise``): every read sees each cell's level plus fresh Gaussian noise of σ = ``read_noise`` × the
+cell's range (2^bits_per_cell - 1), independent from read to read. A partial sum Σ_j w_j·x_j then carries
+noise of σ·sqrt(Σ_j x_j²) (aihwkit's output-referred form: ``w_noise · ‖x‖₂ · ξ``), drawn per partial sum:
+per image, row tile, input and weight slice, column and output position."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
+
+import torch
+
+from resnet8ptq.device.effects.base import Effect, Site
+
+if TYPE_CHECKING:
+    from resnet8ptq.device.config import Crossbar
+
+
+@dataclass(frozen=True)
+class ReadNoise(Effect):
+    """Partial sums + σ·(2^bits_per_cell - 1)·sqrt(Σ x²)·n, n standard normal per partial sum."""
+
+    sigma: float
+    step: ClassVar[str] = "read"
+    draws: ClassVar[bool] = True
+    needs_input_energy: ClassVar[bool] = True
+
+    @classmethod
+    def configured(cls, crossbar: Crossbar) -> ReadNoise | None:
+        return cls(crossbar.read_noise) if crossbar.read_noise else None
+
+    def apply(
+        self, values: torch.Tensor, crossbar: Crossbar, generator: torch.Generator, site: Site
+    ) -> torch.Tensor:
+        """One ``torch.randn`` of the partial sums' shape (float64, the read stream)."""
+        assert site.input_energy is not None  # the crossbar computes it: needs_input_energy
+        noise = torch.randn(values.shape, generator=generator, dtype=torch.float64).to(values.device)
+        scale = self.sigma * (2**crossbar.bits_per_cell - 1) * site.input_energy.sqrt()
+        return values.to(torch.float64) + scale * noise
