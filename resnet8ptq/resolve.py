@@ -86,12 +86,22 @@ def resolve(cfg: DictConfig, extra_tags: Mapping[str, str] | None, shared: Share
         "config_hash": config_hash(params, identity),
         "git_commit": git_commit(),
         **(device.tags() if device.enabled else {}),
+        **chip_tag(),
     }
     name = name_of_run(backend.NAME, spec, algo, device)
     key = config_hash(without_device(params), identity)
     return Plan(
         cfg, spec, algo, device, mcu, experiment_id, backend, name, params, identity, tags, extra, key
     )
+
+
+def chip_tag() -> dict[str, str]:
+    """``device.chip``: the chip preset (``device/chip=...``, conf/device/chip/) the device's settings came
+    from, when one was chosen."""
+    if not HydraConfig.initialized():
+        return {}
+    chip = HydraConfig.get().runtime.choices.get("device/chip")
+    return {"device.chip": chip} if chip else {}
 
 
 def name_of_run(backend: str, spec: QuantSpec, algo: AlgoConfig, device: DeviceConfig) -> str:

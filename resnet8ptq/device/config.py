@@ -18,6 +18,7 @@ STEPS = ("pow2", "free")
 WINDOWS = ("symmetric", "asymmetric")
 DAC_RANGES = ("full", "percentile")  # the DAC's full scale (device/dac.py)
 DRIFTS = ("none", "constant", "pcm")  # the drift exponent's model (device/effects/drift.py)
+NOISE_MODELS = ("constant", "pcm", "sonos")  # programming noise's sigma (device/effects/programming_noise.py)
 ADC_ERRORS = ("adc_offset", "adc_gain", "adc_inl", "adc_noise")
 
 
@@ -50,6 +51,8 @@ class Crossbar:
     cells_per_weight: int = 1  # cells a weight's magnitude is sliced over
     # programming noise σ, a fraction of a cell's range (aihwkit: w_noise; effects/programming_noise.py)
     weight_noise: float = field(default=0.0, metadata=DRAWN)
+    # its sigma over the level: constant | pcm (aihwkit) | sonos (CrossSim); effects/programming_noise.py
+    weight_noise_model: str = "constant"
     # fractions of cells stuck at the lowest / the highest level, per chip (effects/stuck_cells.py)
     stuck_off: float = field(default=0.0, metadata=DRAWN)
     stuck_on: float = field(default=0.0, metadata=DRAWN)
@@ -132,6 +135,16 @@ class DeviceConfig(Crossbar):
                 math.isfinite(self.weight_noise) and self.weight_noise >= 0,
                 f"device.weight_noise={self.weight_noise}: expected a σ >= 0 (a fraction of a cell's range)",
             ),
+            (
+                self.weight_noise_model in NOISE_MODELS,
+                f"device.weight_noise_model={self.weight_noise_model!r}: expected one of "
+                f"{', '.join(NOISE_MODELS)}",
+            ),
+            (
+                self.weight_noise_model == "constant" or self.weight_noise > 0,
+                f"device.weight_noise_model={self.weight_noise_model} with device.weight_noise=0: no "
+                "programming noise to shape; set device.weight_noise (1: the model as published)",
+            ),
             *_fraction_checks(self),
             (self.drift in DRIFTS, f"device.drift={self.drift!r}: expected one of {', '.join(DRIFTS)}"),
             *_drift_checks(self),
@@ -204,7 +217,8 @@ class DeviceConfig(Crossbar):
             if (self.bits_per_cell, self.cells_per_weight) != (8, 1)
             else []
         )
-        parts += [f"n{self.weight_noise:g}"] if self.weight_noise else []
+        model = "" if self.weight_noise_model == "constant" else self.weight_noise_model
+        parts += [f"n{model}{self.weight_noise:g}"] if self.weight_noise else []
         parts += [f"stuck{self.stuck_off:g}-{self.stuck_on:g}"] if self.stuck_off or self.stuck_on else []
         if self.drift != "none":
             parts += [f"{self.drift}-t{self.t_inference:g}"] + (["gdc"] if self.drift_compensation else [])

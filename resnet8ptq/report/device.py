@@ -1,19 +1,20 @@
 """The report's section for sweeps with device runs (`device=integer|cim`): accuracy on the device beside
-the reference, a map over the two crossbar settings the sweep varies most, accuracy against weight noise."""
+the reference, a map over the two crossbar settings the sweep varies most, accuracy against each effect
+setting the sweep varies (weight noise, time since programming, read noise, stuck cells, ADC errors)."""
 
 from __future__ import annotations
 
 import pandas as pd
 
 from resnet8ptq.drawing import draw
-from resnet8ptq.report.figures import DEVICE_NOISE_PNG, accuracy_map_png, device_noise_png
+from resnet8ptq.report.figures import DEVICE_NOISE_PNG, accuracy_map_png, device_curve_png
 from resnet8ptq.report.runs import DEVICE_SETTINGS, configured
 from resnet8ptq.report.sections import Report, Table
 
 DEVICE_MAP_PNG = "report_device_map.png"
 SQNR_IMAGES = 200  # as resnet8ptq.device.evaluate.SQNR_IMAGES (not imported: it loads torch)
 MAP_AXES = ("adc_bits", "rows", "dac_bits", "bits_per_cell", "cells_per_weight", "accumulator_bits")
-"""Settings a device map can span (numbers; weight noise has its own chart)."""
+"""Settings a device map can span (numbers; the effects have their own charts, :data:`CURVES`)."""
 
 
 def device_section(report: Report) -> list[str]:
@@ -53,7 +54,7 @@ def device_section(report: Report) -> list[str]:
         f"worst layer: the lowest SQNR of its outputs against the integer device ({SQNR_IMAGES} images).",
         Table(headers, rows).markdown(),
     ]
-    return section + device_map(report, runs) + noise_chart(report, runs)
+    return section + device_map(report, runs) + effect_charts(report, runs)
 
 
 def device_map(report: Report, runs: pd.DataFrame) -> list[str]:
@@ -97,41 +98,94 @@ def device_map(report: Report, runs: pd.DataFrame) -> list[str]:
     return [report.image(path, "accuracy on the device map", drawing), *lines]
 
 
-def noise_chart(report: Report, runs: pd.DataFrame) -> list[str]:
-    """Accuracy against the weight noise σ with its interval, when the sweep varies σ."""
+CURVES = {
+    "weight_noise": ("programming noise σ (fraction of a cell's range)", False),
+    "t_inference": ("time since programming, t_inference (s)", True),
+    "read_noise": ("read noise σ (fraction of a cell's range)", False),
+    "stuck_off": ("cells stuck at the lowest level (fraction)", False),
+    "stuck_on": ("cells stuck at the highest level (fraction)", False),
+    "adc_offset": ("ADC offset σ (LSB)", False),
+    "adc_gain": ("ADC gain error σ (relative)", False),
+    "adc_inl": ("ADC INL at mid-window (LSB)", False),
+    "adc_noise": ("noise at the ADC's input σ (LSB)", False),
+}
+"""Effect settings a sweep can trace accuracy over (docs/device.md): the axis label, and whether the axis is
+logarithmic (time: 1 hour to 10 years)."""
+
+
+def effect_charts(report: Report, runs: pd.DataFrame) -> list[str]:
+    """For each setting of :data:`CURVES` the sweep varies: accuracy on the device against it, one curve per
+    model and per value of the other settings, with the interval over the noise draws; and its table."""
     crossbar = runs[runs["device"].str.startswith("cim")]
-    if crossbar["device_weight_noise"].nunique() < 2:
-        return []
+    section: list[str] = []
+    for setting, (axis, log) in CURVES.items():
+        column = f"device_{setting}"
+        if column not in crossbar or crossbar[column].nunique() < 2:
+            continue
+        curves = effect_curves(crossbar, setting)
+        if not curves:
+            continue
+        fp32 = report.table.loc[~report.table["quantized"], "accuracy"]
+        lines = {"FP32": 100 * float(fp32.max())} if len(fp32) else {}
+        lines["reference"] = 100 * float(crossbar["accuracy"].max())
+        integer = runs.loc[runs["device"] == "int", "accuracy_device"]
+        if len(integer):
+            lines["integer device"] = 100 * float(integer.max())
+        path = report.out_dir / effect_png(setting)
+        drawing = draw(device_curve_png, curves, lines, path, axis, log)
+        section.append(report.image(path, f"accuracy against {setting}", drawing))
+        section += [f"Accuracy on the device (%, mean over the noise draws) against `{setting}`:"]
+        section.append(curve_table(curves, setting).markdown())
+    return section
+
+
+def effect_png(setting: str) -> str:
+    """The chart's file: ``report_device_noise.png`` for the programming noise (its name before the other
+    effects came), ``report_device_<setting>.png`` for the others."""
+    return DEVICE_NOISE_PNG if setting == "weight_noise" else f"report_device_{setting}.png"
+
+
+def effect_curves(crossbar: pd.DataFrame, setting: str) -> dict[str, pd.DataFrame]:
+    """Accuracy (%, with its interval) against ``setting``, one curve per model and per value of the other
+    settings, labelled by the settings that differ between the curves."""
+    column = f"device_{setting}"
+    others = [f"device_{s}" for s in DEVICE_SETTINGS if s != setting]
+    groups = [
+        (dict(zip(["model", *others], key, strict=True)), group)
+        for key, group in crossbar.groupby(["model", *others], dropna=False, sort=True)
+        if group[column].nunique() > 1  # else a point, not a curve (e.g. the noiseless cells of an ADC map)
+    ]
+    differing = [name for name in others if len({_axis(values[name]) for values, _ in groups}) > 1]
     curves = {}
-    others = [f"device_{s}" for s in DEVICE_SETTINGS if s != "weight_noise"]
-    for key, group in crossbar.groupby(["model", *others], dropna=False, sort=True):
-        if group["device_weight_noise"].nunique() < 2:
-            continue  # a point, not a curve (e.g. the noiseless cells of an ADC map)
-        ordered = group.sort_values("device_weight_noise")
-        label = key[0] + (
-            f" @{ordered['device'].iloc[0].split('-n')[0]}" if ordered["device"].iloc[0] else ""
+    for values, group in groups:
+        ordered = group.sort_values(column).drop_duplicates(column)
+        label = values["model"] + "".join(
+            f", {name.removeprefix('device_')}={_axis(values[name])}" for name in differing
         )
         curves[label] = pd.DataFrame(
             {
-                "sigma": ordered["device_weight_noise"],
+                "x": ordered[column].astype(float),
                 "accuracy": 100 * ordered["accuracy_device"],
                 "low": 100 * ordered["accuracy_device_ci_low"],
                 "high": 100 * ordered["accuracy_device_ci_high"],
             }
         )
-    if not curves:
-        return []
-    fp32 = report.table.loc[~report.table["quantized"], "accuracy"]
-    lines = {"FP32": 100 * float(fp32.max())} if len(fp32) else {}
-    lines["reference"] = 100 * float(crossbar["accuracy"].max())
-    integer = runs.loc[runs["device"] == "int", "accuracy_device"]
-    if len(integer):
-        lines["integer device"] = 100 * float(integer.max())
-    path = report.out_dir / DEVICE_NOISE_PNG
-    drawing = draw(device_noise_png, curves, lines, path)
-    return [report.image(path, "accuracy against weight noise", drawing)]
+    return curves
+
+
+def curve_table(curves: dict[str, pd.DataFrame], setting: str) -> Table:
+    """The curves as a table: one row per curve, one column per value of ``setting``."""
+    xs = sorted({x for curve in curves.values() for x in curve["x"]})
+    rows = []
+    for label, curve in curves.items():
+        at = dict(zip(curve["x"], curve["accuracy"], strict=True))
+        rows.append([label, *(f"{at[x]:.2f}" if x in at else "-" for x in xs)])
+    return Table([f"configuration \\ {setting}", *(f"{x:g}" for x in xs)], rows)
 
 
 def _axis(value: object) -> str:
-    """A map axis value: an integer setting as an integer, unset (ideal) as `ideal`."""
+    """A setting's value as a map axis or a curve's label shows it: a number without trailing zeros, unset
+    (ideal) as `ideal`, a choice or a flag as it is."""
+    if isinstance(value, bool | str):
+        return str(value)
     return "ideal" if pd.isna(value) else f"{value:g}"

@@ -237,19 +237,24 @@ def budget_png(runs: pd.DataFrame, fronts: dict[str, pd.Series], path: Path) -> 
 DEVICE_NOISE_PNG = "report_device_noise.png"
 
 
-def device_noise_png(curves: dict[str, pd.DataFrame], lines: dict[str, float], path: Path) -> Path:
-    """Accuracy on the device (%) against the programming noise σ, one curve per configuration with its 95%
-    interval over the noise draws as error bars; horizontal lines for the reference accuracies (FP32, the
-    quantized model's reference, the ideal integer device)."""
+def device_curve_png(
+    curves: dict[str, pd.DataFrame], lines: dict[str, float], path: Path, axis: str, log: bool
+) -> Path:
+    """Accuracy on the device (%) against an effect's setting (``axis``; ``log``: a symmetric-log axis, for
+    time since programming, where 0 is the first read), one curve per configuration with its 95% interval
+    over the noise draws as error bars; horizontal lines for the reference accuracies (FP32, the quantized
+    model's reference, the ideal integer device)."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     for label, curve in curves.items():
         error = [curve["accuracy"] - curve["low"], curve["high"] - curve["accuracy"]]
-        ax.errorbar(curve["sigma"], curve["accuracy"], yerr=error, marker="o", capsize=3, label=label)
+        ax.errorbar(curve["x"], curve["accuracy"], yerr=error, marker="o", capsize=3, label=label)
     for (name, value), style in zip(lines.items(), ("--", ":", "-."), strict=False):
         ax.axhline(value, linestyle=style, color="0.4", linewidth=1, label=f"{name} {value:.2f}")
-    ax.set(xlabel="programming noise σ (fraction of a cell's range)", ylabel="accuracy on the device (%)")
-    ax.set_title("Accuracy vs weight noise (mean over draws, 95% interval)")
+    if log:
+        ax.set_xscale("symlog", linthresh=1.0)
+    ax.set(xlabel=axis, ylabel="accuracy on the device (%)")
+    ax.set_title(f"Accuracy vs {axis.split(' (')[0]} (mean over draws, 95% interval)")
     ax.legend(fontsize=7)
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)

@@ -108,6 +108,7 @@ TAGS = {
     "reused.<config_hash>": "parent: the earlier run a resumed sweep reuses",
     "unsupported.<overrides>": "parent: a configuration the backend refused, with why",
     "device.<setting>": "the device's kind and, for cim, every crossbar setting",
+    "device.chip": "the chip preset the device's settings came from (device/chip=pcm: conf/device/chip/)",
     "device.source": "the integer form's reader: tflite, onnx-qdq, torch-pt2e",
     "device.quantization_run": "the run whose quantization a device run reuses",
     "device.worst_layer": "cim: the layer the device changes most (SQNR against the integer device)",

@@ -66,6 +66,27 @@ def test_programming_noise_is_sigma_times_the_cell_range_times_a_normal_draw() -
     assert ProgrammingNoise.configured(Crossbar()) is None
 
 
+@pytest.mark.parametrize("model", ["pcm", "sonos"])
+def test_a_devices_programming_noise_depends_on_the_level_written(model: str) -> None:
+    """aihwkit's PCM fit: σ = (0.26348 + 1.9650 ĝ - 1.1731 ĝ²) / 25 of the range; CrossSim's SONOS fit:
+    σ = 19.88665 (1 - exp(-I / 176.3115)) / Imax, I = ĝ · Imax, Imax = 0.06 V / 35 kΩ = 1714.29 nA."""
+    levels = torch.tensor([[0.0, 255.0, -51.0]], dtype=torch.float64)
+    noisy = ProgrammingNoise(1.0, model).apply(levels, Crossbar(), torch.Generator().manual_seed(8), SITE)
+    normal = torch.randn((1, 3), generator=torch.Generator().manual_seed(8), dtype=torch.float64)
+    g = [0.0, 1.0, 0.2]
+    if model == "pcm":
+        sigma = [(0.26348 + 1.9650 * x - 1.1731 * x * x) / 25 for x in g]
+        assert sigma[1] == pytest.approx(0.0422, abs=1e-4)  # 4.2 % of the range at the top level
+    else:
+        sigma = [19.88665 * (1 - math.exp(-x * 1714.2857 / 176.3115)) / 1714.2857 for x in g]
+        assert sigma[0] == 0 and sigma[1] == pytest.approx(0.0116, abs=1e-4)  # none at 0, 1.2 % at the top
+    expected = levels + torch.tensor([sigma], dtype=torch.float64) * 255 * normal
+    assert torch.allclose(noisy, expected, rtol=1e-6, atol=0)
+    unshaped = "device.weight_noise_model=pcm with device.weight_noise=0"
+    with pytest.raises(ValueError, match=re.escape(unshaped)):
+        DeviceConfig(kind="cim", weight_noise_model="pcm")
+
+
 def test_the_ideal_crossbar_has_no_effect_and_the_settings_switch_them_on() -> None:
     noisy = Crossbar(rows=64, adc_bits=4, weight_noise=0.05)
     assert [effects.configured(noisy, step) for step in effects.STEPS] == [

@@ -1,5 +1,5 @@
-"""The report's device section on a synthetic sweep: a crossbar grid (ADC bits x rows), a noise sweep and the
-ideal integer device, one quantized model."""
+"""The report's device section on a synthetic sweep: a crossbar grid (ADC bits x rows), a noise sweep, a chip
+over time with and without drift compensation, and the ideal integer device, one quantized model."""
 
 from __future__ import annotations
 
@@ -17,6 +17,14 @@ pytestmark = pytest.mark.device
 
 GRID = {(64, 4): 0.20, (64, 8): 0.86, (128, 4): 0.12, (128, 8): 0.85, (256, 4): 0.10, (256, 8): 0.80}
 NOISE = {0.0: (0.868, 0.0), 0.02: (0.70, 0.01), 0.05: (0.30, 0.03)}
+TIME = {  # (t_inference, drift_compensation) -> (accuracy, std): a PCM chip over time
+    (0.0, False): (0.85, 0.004),
+    (86400.0, False): (0.60, 0.02),
+    (31536000.0, False): (0.20, 0.03),
+    (0.0, True): (0.85, 0.004),
+    (86400.0, True): (0.83, 0.005),
+    (31536000.0, True): (0.78, 0.01),
+}
 
 
 def device_tags(**settings: object) -> dict[str, str]:
@@ -65,6 +73,10 @@ def markdown(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
     runs = [({"device.kind": "integer"}, 0.8693, 0.0)]
     runs += [(device_tags(rows=r, adc_bits=b), accuracy, 0.0) for (r, b), accuracy in GRID.items()]
     runs += [(device_tags(weight_noise=s), accuracy, std) for s, (accuracy, std) in NOISE.items()]
+    runs += [
+        (device_tags(rows=128, adc_bits=8, drift="pcm", t_inference=t, drift_compensation=c), accuracy, std)
+        for (t, c), (accuracy, std) in TIME.items()
+    ]
     for start, (device, accuracy, std) in enumerate(runs, 10):
         run = _run(
             client, experiment, parent, f"run{start}", start, quantized="true", config_hash=f"h{start}"
@@ -96,6 +108,17 @@ def test_device_map_over_adc_bits_and_rows(markdown: tuple[str, Path]) -> None:
     assert "| rows \\ adc bits | ideal | 4 | 8 |" in text
     assert "| 64 | - | 20.0 | 86.0 |" in text and "| 256 | - | 10.0 | 80.0 |" in text
     assert (directory / "report_device_map.png").stat().st_size > 10_000
+
+
+def test_accuracy_over_time_with_and_without_compensation(markdown: tuple[str, Path]) -> None:
+    """A sweep over t_inference draws one curve per compensation setting and tabulates them."""
+    text, directory = markdown
+    assert "report_device_t_inference.png" in text
+    assert (directory / "report_device_t_inference.png").stat().st_size > 10_000
+    table = text.split("against `t_inference`:", 1)[1]
+    assert "| configuration \\ t_inference | 0 | 86400 | 3.1536e+07 |" in table
+    assert "| onnx int8 minmax per-channel, drift_compensation=False | 85.00 | 60.00 | 20.00 |" in table
+    assert "| onnx int8 minmax per-channel, drift_compensation=True | 85.00 | 83.00 | 78.00 |" in table
 
 
 def test_noise_chart(markdown: tuple[str, Path]) -> None:
