@@ -14,8 +14,8 @@ What is modelled, per layer, for every output (a crossbar column) and every imag
 * **Non-idealities** (:mod:`.effects`, one module each, in the step they act in): programming noise
   (aihwkit: ``w_noise``) and stuck cells on the cells, drawn once per seed (the chip is programmed once, then
   every image runs on it); conductance drift at ``t_inference`` (aihwkit's noise models), with aihwkit's
-  global drift compensation on the digital side; read noise per read; the ADCs' offset, gain error, INL and
-  input noise.
+  global drift compensation on the digital side; aihwkit's first-order IR drop and read noise per read; the
+  ADCs' offset, gain error, INL and input noise.
 * **ADC** (aihwkit: ``forward.out_res``, ``out_bound``): each partial sum (tile × input slice × weight
   slice) is read by an ``adc_bits`` ADC: rounded half to even to its step and clamped to its window of codes
   (symmetric ±(2^(b-1) - 1), or 2^b codes over the calibrated range); steps and windows come per layer, tile
@@ -26,8 +26,8 @@ What is modelled, per layer, for every output (a crossbar column) and every imag
   :data:`~.adc.STEP_FRACTION_BITS` fraction bits beside them and the sum is rounded half to even to an
   integer once, after the last tile. The bias is added last, then requantization is the integer executor's.
 
-Not modelled: IR drop and wire resistance, charge loss of flash cells, aihwkit's accumulated 1/f noise at
-time t, and any analog activation or pooling.
+Not modelled: the exact wire network (IR drop is aihwkit's first-order model), charge loss of flash cells,
+aihwkit's accumulated 1/f noise at time t, and any analog activation or pooling.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ import torch
 
 from resnet8ptq.device.adc import Geometry, LayerSteps, PartialSumProfile
 from resnet8ptq.device.config import Crossbar
-from resnet8ptq.device.effects import STEPS, Effect, Site, configured
+from resnet8ptq.device.effects import STEPS, Effect, Site, Tile, configured
 from resnet8ptq.device.executor import EXACT_FLOAT32, Arithmetic, integer_conv2d, zero_pad
 from resnet8ptq.device.graph import Conv
 
@@ -126,6 +126,7 @@ class CrossbarArithmetic(Arithmetic):
         self._read_generator = torch.Generator().manual_seed(seed + READ_STREAM)
         self._tiled: dict[str, tuple[list[tuple[slice, torch.Tensor]], float]] = {}
         self._rows_of_tile: dict[str, list[torch.Tensor]] = {}  # per tile: ones on its rows, (1, C_t, kh, kw)
+        self._place_of_row: dict[str, list[torch.Tensor]] = {}  # per tile: each row's place along it
         self._compensation: dict[str, float] = {}  # drift_compensation: the layer's digital scale
         self._adcs: dict[str, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = {}
 
@@ -188,7 +189,7 @@ class CrossbarArithmetic(Arithmetic):
             cells = torch.stack([cell for cell, _ in self.weight_slices(layer)])  # (Sw, O, K)
             kernel = int(np.prod(layer.weight.shape[2:]))  # a channel's kh·kw rows (term order: c, kh, kw)
             bounds = np.cumsum([0, *tile_sizes(layer.terms, c.rows)])
-            tiles, rows, largest = [], [], 0.0
+            tiles, rows, places, largest = [], [], [], 0.0
             for low, high in itertools.pairwise(bounds):
                 channels = slice(int(low) // kernel, -(-int(high) // kernel))
                 mask = torch.zeros(layer.terms, dtype=torch.float64)
@@ -197,6 +198,9 @@ class CrossbarArithmetic(Arithmetic):
                 largest = max(largest, float(masked.abs().sum(dim=(1, 2, 3)).max()))
                 tiles.append((channels, masked))
                 rows.append(mask.reshape(1, *layer.weight.shape[1:])[:, channels])
+                place = torch.zeros(layer.terms, dtype=torch.float64)
+                place[low:high] = torch.arange(high - low, dtype=torch.float64) / (high - low)
+                places.append(place.reshape(1, *layer.weight.shape[1:])[:, channels])
             largest *= 2.0 ** min(c.dac_bits, in_bits)
             # Noisy cells or readings are not integers: float64, whose rounding error (2^-53 relative) is far
             # below any ADC step, so that a noisy chip reads the same on every kernel (CPU or GPU) but for
@@ -206,6 +210,7 @@ class CrossbarArithmetic(Arithmetic):
             dtype = torch.float32 if exact else torch.float64
             self._tiled[layer.name] = ([(ch, w.to(dtype=dtype, device=device)) for ch, w in tiles], largest)
             self._rows_of_tile[layer.name] = [mask.to(dtype=torch.float64, device=device) for mask in rows]
+            self._place_of_row[layer.name] = [place.to(device=device) for place in places]
         return self._tiled[layer.name]
 
     def accumulate(self, layer: Conv, x: torch.Tensor) -> torch.Tensor:
@@ -271,7 +276,14 @@ class CrossbarArithmetic(Arithmetic):
         if any(effect.needs_input_energy for effect in self.effects["read"]):
             rows = self._rows_of_tile[layer.name][tile]
             energy = integer_conv2d(x.to(torch.float64).square(), rows, layer.stride)
-        site = Site(self.seed, layer.name, tile, input_energy=energy)
+        array = None
+        if any(effect.needs_tile for effect in self.effects["read"]):
+            in_bits, _ = value_bits(*self.input_window(layer))
+            rows = int(self._rows_of_tile[layer.name][tile].sum())
+            place = self._place_of_row[layer.name][tile]
+            scale = 2.0 ** min(self.crossbar.dac_bits, in_bits) - 1
+            array = Tile(x, scale, weight, place, rows, layer.stride)
+        site = Site(self.seed, layer.name, tile, input_energy=energy, array=array)
         for effect in self.effects["read"]:
             partial = effect.apply(partial, self.crossbar, self._read_generator, site)
         return partial

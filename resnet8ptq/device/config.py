@@ -20,6 +20,7 @@ DAC_RANGES = ("full", "percentile")  # the DAC's full scale (device/dac.py)
 DRIFTS = ("none", "constant", "pcm")  # the drift exponent's model (device/effects/drift.py)
 NOISE_MODELS = ("constant", "pcm", "sonos")  # programming noise's sigma (device/effects/programming_noise.py)
 ADC_ERRORS = ("adc_offset", "adc_gain", "adc_inl", "adc_noise")
+IR_DROP_G_RATIO = 1 / 0.35 / 5e-6  # aihwkit's default: 0.35 Ω of wire per cell, 5 µS a cell's top conductance
 
 
 LAYOUT = ("rows", "dac_bits", "dac_range", "dac_percentile", "bits_per_cell", "cells_per_weight")
@@ -63,6 +64,8 @@ class Crossbar:
     drift_nu_mean: float = 0.1  # drift=constant: nu's mean (aihwkit StateIndependentNoiseModel's name)
     drift_nu_std: float = 0.05  # drift=constant: nu's spread (aihwkit: drift_nu_std)
     drift_compensation: bool = False  # one digital scale per layer (aihwkit: GlobalDriftCompensation)
+    ir_drop: float = 0.0  # aihwkit's first-order IR drop, its scale (aihwkit: ir_drop; effects/ir_drop.py)
+    ir_drop_g_ratio: float = IR_DROP_G_RATIO  # wire over a cell's top conductance (aihwkit's name)
     # read noise σ per read, a fraction of a cell's range (aihwkit: w_noise, ADDITIVE_CONSTANT; read_noise.py)
     read_noise: float = field(default=0.0, metadata=DRAWN)
     # the ADCs' own errors, in LSB (effects/adc_errors.py): offset and gain σ per ADC, INL, input noise
@@ -222,6 +225,7 @@ class DeviceConfig(Crossbar):
         parts += [f"stuck{self.stuck_off:g}-{self.stuck_on:g}"] if self.stuck_off or self.stuck_on else []
         if self.drift != "none":
             parts += [f"{self.drift}-t{self.t_inference:g}"] + (["gdc"] if self.drift_compensation else [])
+        parts += [f"ir{self.ir_drop:g}"] if self.ir_drop else []
         parts += [f"rn{self.read_noise:g}"] if self.read_noise else []
         short = {"adc_offset": "ofs", "adc_gain": "gain", "adc_inl": "inl", "adc_noise": "adcn"}
         parts += [f"{short[name]}{getattr(self, name):g}" for name in ADC_ERRORS if getattr(self, name)]
@@ -297,6 +301,16 @@ def _fraction_checks(device: DeviceConfig) -> list[tuple[bool, str]]:
         )
     )
     checks.append((math.isfinite(device.adc_inl), f"device.adc_inl={device.adc_inl}: expected a number"))
+    checks.append(
+        (
+            math.isfinite(device.ir_drop)
+            and device.ir_drop >= 0
+            and device.ir_drop_g_ratio > 0
+            and (device.ir_drop > 0 or device.ir_drop_g_ratio == IR_DROP_G_RATIO),
+            f"device.ir_drop={device.ir_drop}, device.ir_drop_g_ratio={device.ir_drop_g_ratio}: expected a "
+            "scale >= 0 and a ratio > 0 (the ratio only with an IR drop)",
+        )
+    )
     return checks
 
 

@@ -313,3 +313,30 @@ def test_bad_settings_of_the_effects_fail_before_any_work() -> None:
     noisy = DeviceConfig(kind="cim", adc_bits=4, drift="pcm", t_inference=3600.0, drift_compensation=True)
     assert noisy.noisy and noisy.label == "cim-adc4-pcm-t3600-gdc"
     assert not DeviceConfig(kind="cim", adc_bits=4, adc_inl=0.5).noisy  # INL alone draws nothing
+
+
+def test_ir_drop_is_aihwkits_first_order_model() -> None:
+    """Per tile of n rows and column i: a = n / g_ratio · Σ|w||x| (normalised: top cell level 1, largest
+    input 1), c = a(0.05a² - 0.2a + 0.5), y - scale · c · Σ w x (1 - (1 - j/n)²), j the row's place in the
+    tile; computed here term by term from the layer's im2col columns."""
+    rng = np.random.default_rng(16)
+    layer = conv_layer(rng)
+    x = centred_input(rng, layer, n=2)
+    chip = CrossbarArithmetic(Crossbar(rows=64, ir_drop=0.8, ir_drop_g_ratio=200.0))  # a strong drop
+    padded = torch.nn.functional.pad(x.double(), (1, 1, 1, 1))
+    columns = torch.nn.functional.unfold(padded, 3)  # (N, 144, 64) in (c, kh, kw) order
+    cells = chip.weight_slices(layer)[0][0]  # (8, 144): one 8-bit slice
+    tiles, _ = chip.tiled_weights(layer)
+    n = 48  # 144 terms at 64 rows: three tiles of 48
+    place = 1 - (1 - torch.arange(n, dtype=torch.float64) / n) ** 2
+    for tile, (channels, weight) in enumerate(tiles):
+        got = chip.read(layer, tile, padded[:, channels], weight).reshape(2, 8, -1)
+        xs, w = columns[:, n * tile : n * (tile + 1)], cells[:, n * tile : n * (tile + 1)]
+        ideal = torch.einsum("on,bnl->bol", w, xs)
+        a = n / 200.0 * torch.einsum("on,bnl->bol", w.abs(), xs.abs()) / (255 * 255)
+        c = a * (a * (0.05 * a - 0.2) + 0.5)
+        expected = ideal - 0.8 * c * torch.einsum("on,bnl->bol", w * place, xs)
+        assert torch.allclose(got, expected, rtol=1e-12, atol=1e-9)
+        assert (got - ideal).abs().max() > 1  # the drop is there
+    with pytest.raises(ValueError, match="the ratio only with an IR drop"):
+        DeviceConfig(kind="cim", ir_drop_g_ratio=100.0)

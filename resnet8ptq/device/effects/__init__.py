@@ -3,7 +3,7 @@
 1. ``program``: the weights written into cells (after slicing: :mod:`.programming_noise`,
    :mod:`.stuck_cells`);
 2. ``perturb``: the programmed cells changed over time before they are read (:mod:`.drift`);
-3. ``read``: a tile's analog partial sums as the array produces them (:mod:`.read_noise`);
+3. ``read``: a tile's analog partial sums as the array produces them (:mod:`.ir_drop`, :mod:`.read_noise`);
 4. ``convert``: the partial sums at the ADC's input, before it rounds them (:mod:`.adc_errors`).
 
 An effect is a frozen dataclass of its parameters (aihwkit's vocabulary) built from the crossbar's settings by
@@ -20,8 +20,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from resnet8ptq.device.effects.adc_errors import AdcErrors
-from resnet8ptq.device.effects.base import CELL_STEPS, STEPS, Effect, Site
+from resnet8ptq.device.effects.base import CELL_STEPS, STEPS, Effect, Site, Tile
 from resnet8ptq.device.effects.drift import Drift
+from resnet8ptq.device.effects.ir_drop import IrDrop
 from resnet8ptq.device.effects.programming_noise import ProgrammingNoise
 from resnet8ptq.device.effects.read_noise import ReadNoise
 from resnet8ptq.device.effects.stuck_cells import StuckCells
@@ -36,14 +37,16 @@ __all__ = [
     "AdcErrors",
     "Drift",
     "Effect",
+    "IrDrop",
     "ProgrammingNoise",
     "ReadNoise",
     "Site",
     "StuckCells",
+    "Tile",
     "configured",
 ]
 
-EFFECTS: tuple[type[Effect], ...] = (ProgrammingNoise, StuckCells, Drift, ReadNoise, AdcErrors)
+EFFECTS: tuple[type[Effect], ...] = (ProgrammingNoise, StuckCells, Drift, IrDrop, ReadNoise, AdcErrors)
 """Every non-ideality, in the order they act within a step."""
 
 

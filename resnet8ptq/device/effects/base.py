@@ -7,9 +7,9 @@ import hashlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
-if TYPE_CHECKING:
-    import torch
+import torch
 
+if TYPE_CHECKING:
     from resnet8ptq.device.config import Crossbar
 
 STEPS = ("program", "perturb", "read", "convert")
@@ -18,11 +18,35 @@ CELL_STEPS = ("program", "perturb")
 
 
 @dataclass(frozen=True)
+class Tile:
+    """One row tile as a read sees it, for an effect that needs the array itself
+    (:attr:`Effect.needs_tile`): the input digits on its rows (Sx·N, C_t, H, W) and their full scale (the
+    largest digit), its cells (Sw·O, C_t, kh, kw, zero off its rows), each row's place along the tile (0 at
+    its first row, (rows - 1) / rows at its last; (1, C_t, kh, kw), zero off its rows), its row count and the
+    layer's stride."""
+
+    inputs: torch.Tensor
+    input_scale: float
+    cells: torch.Tensor
+    place: torch.Tensor
+    rows: int
+    stride: tuple[int, int]
+
+    def read(self, inputs: torch.Tensor, cells: torch.Tensor) -> torch.Tensor:
+        """``inputs`` (shaped as :attr:`inputs`) read through ``cells`` (as :attr:`cells`): the partial sums
+        (Sx·N, Sw·O, H', W'), in float64."""
+        from resnet8ptq.device.executor import integer_conv2d
+
+        return integer_conv2d(inputs.to(torch.float64), cells.to(torch.float64), self.stride)
+
+
+@dataclass(frozen=True)
 class Site:
     """Where an effect acts: the chip (its ``seed``), the layer and, for ``read`` and ``convert``, the row
     ``tile``; a read effect that asks for it (:attr:`Effect.needs_input_energy`) gets ``input_energy``, Σ x²
     over the tile's rows for every partial sum's input digits, (Sx·N, 1, H', W'); a convert effect gets the
-    tile's ADCs: ``adc_step``, ``code_min`` and ``code_max`` per column, (1, Sw·O, 1, 1)."""
+    tile's ADCs: ``adc_step``, ``code_min`` and ``code_max`` per column, (1, Sw·O, 1, 1); a read effect that
+    needs the array gets the ``array`` (:class:`Tile`)."""
 
     seed: int
     layer: str
@@ -31,13 +55,12 @@ class Site:
     adc_step: torch.Tensor | None = None
     code_min: torch.Tensor | None = None
     code_max: torch.Tensor | None = None
+    array: Tile | None = None
 
     def chip_generator(self, effect: str) -> torch.Generator:
         """A generator for what ``effect`` draws once per chip at this site (an ADC's offset, say): seeded
         from the chip's seed, the layer, the tile and the effect's name, so that the same chip draws the same
         values in every batch and on every machine."""
-        import torch
-
         key = f"{self.seed}/{self.layer}/{self.tile}/{effect}".encode()
         return torch.Generator().manual_seed(int.from_bytes(hashlib.sha256(key).digest()[:8], "little"))
 
@@ -48,6 +71,7 @@ class Effect:
     step: ClassVar[str]
     draws: ClassVar[bool] = False  # random: drawn from the chip's seed (device.noise_seeds draws)
     needs_input_energy: ClassVar[bool] = False  # read: Site.input_energy is computed for it
+    needs_tile: ClassVar[bool] = False  # read: Site.array (the tile's inputs and cells) is given to it
 
     @classmethod
     def configured(cls, crossbar: Crossbar) -> Effect | None:
