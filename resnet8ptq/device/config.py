@@ -18,6 +18,7 @@ STEPS = ("pow2", "free")
 WINDOWS = ("symmetric", "asymmetric")
 DAC_RANGES = ("full", "percentile")  # the DAC's full scale (device/dac.py)
 DRIFTS = ("none", "constant", "pcm")  # the drift exponent's model (device/effects/drift.py)
+CHARGE_LOSSES = ("none", "sonos")  # charge-trap cells' retention (device/effects/charge_loss.py)
 NOISE_MODELS = ("constant", "pcm", "sonos")  # programming noise's sigma (device/effects/programming_noise.py)
 ADC_ERRORS = ("adc_offset", "adc_gain", "adc_inl", "adc_noise")
 IR_DROP_G_RATIO = 1 / 0.35 / 5e-6  # aihwkit's default: 0.35 Ω of wire per cell, 5 µS a cell's top conductance
@@ -63,6 +64,8 @@ class Crossbar:
     drift_t0: float = 20.0  # the first read after programming, seconds (aihwkit: t_0)
     drift_nu_mean: float = 0.1  # drift=constant: nu's mean (aihwkit StateIndependentNoiseModel's name)
     drift_nu_std: float = 0.05  # drift=constant: nu's spread (aihwkit: drift_nu_std)
+    # charge loss of charge-trap cells over t_inference: none | sonos (CrossSim's fit; effects/charge_loss.py)
+    charge_loss: str = field(default="none", metadata=DRAWN)
     drift_compensation: bool = False  # one digital scale per layer (aihwkit: GlobalDriftCompensation)
     ir_drop: float = 0.0  # aihwkit's first-order IR drop, its scale (aihwkit: ir_drop; effects/ir_drop.py)
     ir_drop_g_ratio: float = IR_DROP_G_RATIO  # wire over a cell's top conductance (aihwkit's name)
@@ -150,6 +153,10 @@ class DeviceConfig(Crossbar):
             ),
             *_fraction_checks(self),
             (self.drift in DRIFTS, f"device.drift={self.drift!r}: expected one of {', '.join(DRIFTS)}"),
+            (
+                self.charge_loss in CHARGE_LOSSES,
+                f"device.charge_loss={self.charge_loss!r}: expected one of {', '.join(CHARGE_LOSSES)}",
+            ),
             *_drift_checks(self),
             *(
                 (
@@ -223,8 +230,10 @@ class DeviceConfig(Crossbar):
         model = "" if self.weight_noise_model == "constant" else self.weight_noise_model
         parts += [f"n{model}{self.weight_noise:g}"] if self.weight_noise else []
         parts += [f"stuck{self.stuck_off:g}-{self.stuck_on:g}"] if self.stuck_off or self.stuck_on else []
-        if self.drift != "none":
-            parts += [f"{self.drift}-t{self.t_inference:g}"] + (["gdc"] if self.drift_compensation else [])
+        parts += [self.drift] if self.drift != "none" else []
+        parts += [f"closs-{self.charge_loss}"] if self.charge_loss != "none" else []
+        if self.drift != "none" or self.charge_loss != "none":
+            parts += [f"t{self.t_inference:g}"] + (["gdc"] if self.drift_compensation else [])
         parts += [f"ir{self.ir_drop:g}"] if self.ir_drop else []
         parts += [f"rn{self.read_noise:g}"] if self.read_noise else []
         short = {"adc_offset": "ofs", "adc_gain": "gain", "adc_inl": "inl", "adc_noise": "adcn"}
@@ -317,7 +326,7 @@ def _fraction_checks(device: DeviceConfig) -> list[tuple[bool, str]]:
 def _drift_checks(device: DeviceConfig) -> list[tuple[bool, str]]:
     """Time and nu's settings only with a drift that reads them, each in its range."""
     defaults = {item.name: item.default for item in fields(Crossbar)}
-    off = device.drift == "none"
+    off = device.drift == "none" and device.charge_loss == "none"
     nu = [name for name in ("drift_nu_mean", "drift_nu_std") if getattr(device, name) != defaults[name]]
     return [
         (
@@ -336,8 +345,8 @@ def _drift_checks(device: DeviceConfig) -> list[tuple[bool, str]]:
         (
             not off or (device.t_inference == 0 and not device.drift_compensation),
             f"device.t_inference={device.t_inference:g}, device.drift_compensation="
-            f"{device.drift_compensation} with device.drift=none: nothing drifts; set device.drift="
-            "constant or pcm",
+            f"{device.drift_compensation} with device.drift=none and device.charge_loss=none: nothing "
+            "changes over time; set device.drift=constant|pcm or device.charge_loss=sonos",
         ),
         (
             device.drift == "constant" or not nu,

@@ -50,12 +50,8 @@ def test_the_presets_hold_their_sources_figures() -> None:
     assert (pcm.rows, pcm.adc_bits, pcm.weight_noise_model, pcm.drift, pcm.drift_compensation) == (
         512, 8, "pcm", "pcm", True,
     )  # fmt: skip
-    assert (sonos.rows, sonos.bits_per_cell, sonos.weight_noise_model, sonos.drift) == (
-        1152,
-        7,
-        "sonos",
-        "none",
-    )
+    sonos_settings = (sonos.rows, sonos.bits_per_cell, sonos.weight_noise_model, sonos.charge_loss)
+    assert sonos_settings == (1152, 7, "sonos", "sonos")
     assert pcm.noisy and sonos.noisy and not device_of("device/chip=ideal").noisy
     aged = device_of("device/chip=pcm", "device.t_inference=86400")
     assert aged.t_inference == 86400 and aged.label == "cim-r512-adc8-npcm1-pcm-t86400-gdc"

@@ -17,7 +17,16 @@ from resnet8ptq.device import effects
 from resnet8ptq.device.adc import Geometry, LayerSteps
 from resnet8ptq.device.cim import READ_STREAM, CrossbarArithmetic
 from resnet8ptq.device.config import Crossbar, DeviceConfig
-from resnet8ptq.device.effects import AdcErrors, Drift, Effect, ProgrammingNoise, ReadNoise, StuckCells
+from resnet8ptq.device.effects import (
+    AdcErrors,
+    ChargeLoss,
+    Drift,
+    Effect,
+    ProgrammingNoise,
+    ReadNoise,
+    StuckCells,
+    charge_loss,
+)
 from resnet8ptq.device.effects.base import Site
 from resnet8ptq.device.executor import Ideal
 from tests.unit.test_device import centred_input, conv_layer
@@ -299,8 +308,9 @@ def test_the_crossbar_hands_its_adcs_to_a_convert_effect_before_they_round() -> 
 
 def test_bad_settings_of_the_effects_fail_before_any_work() -> None:
     for settings, message in [
-        ({"t_inference": 60.0}, "with device.drift=none: nothing drifts"),
-        ({"drift_compensation": True}, "with device.drift=none: nothing drifts"),
+        ({"t_inference": 60.0}, "with device.drift=none and device.charge_loss=none: nothing changes"),
+        ({"drift_compensation": True}, "with device.drift=none and device.charge_loss=none: nothing"),
+        ({"charge_loss": "flash"}, "device.charge_loss='flash': expected one of none, sonos"),
         ({"drift": "pcm", "drift_nu_mean": 0.2}, "are drift=constant's"),
         ({"drift": "weibull"}, "device.drift='weibull': expected one of none, constant, pcm"),
         ({"drift": "pcm", "t_inference": -1.0}, "device.t_inference=-1.0: expected seconds >= 0"),
@@ -340,3 +350,32 @@ def test_ir_drop_is_aihwkits_first_order_model() -> None:
         assert (got - ideal).abs().max() > 1  # the drop is there
     with pytest.raises(ValueError, match="the ratio only with an IR drop"):
         DeviceConfig(kind="cim", ir_drop_g_ratio=100.0)
+
+
+def test_sonos_charge_loss_is_crosssims_drift_fit() -> None:
+    """At 1 day (a measured point): I + Σ p_k I^k, then the spread's growth sqrt(σ(1)² - σ(0)²) · n, σ(t) =
+    A(t)(1 - exp(-I/B(t))), A, B at 1 day 25.59102, 186.85544 nA; between days the fits are linear, past 5
+    extrapolated; nothing moves at t = 0."""
+    full, i_max = 127, 0.06 / 35e3 * 1e9
+    levels = torch.tensor([[127.0, -64.0, 10.0, 0.0]], dtype=torch.float64)
+    crossbar = Crossbar(bits_per_cell=7, charge_loss="sonos", t_inference=86_400.0)
+    effect = ChargeLoss.configured(crossbar)
+    aged = effect.apply(levels, crossbar, torch.Generator().manual_seed(6), SITE)
+    normal = torch.randn((1, 4), generator=torch.Generator().manual_seed(6), dtype=torch.float64)
+    p1 = [1.72684e-01, 5.72552e-02, -6.85715e-04, 3.50271e-06, -9.37682e-09, 1.40575e-11, -1.19803e-14,
+          5.41293e-18, -8.85448e-22, -1.66869e-25, 5.95180e-29]  # fmt: skip
+    expected = []
+    for index, level in enumerate(levels[0].tolist()):
+        current = abs(level) / full * i_max
+        moved = current + sum(p * current**k for k, p in enumerate(p1))
+        now = 25.59102 * (1 - math.exp(-moved / 186.85544))
+        then = 19.88665 * (1 - math.exp(-current / 176.3115))
+        after = max(moved + math.sqrt(max(now**2 - then**2, 0)) * float(normal[0, index]), 0)
+        expected.append(math.copysign(after / i_max * full, level) if level else 0.0)
+    assert torch.allclose(aged, torch.tensor([expected], dtype=torch.float64), rtol=1e-12, atol=1e-12)
+    top_loss = (127 / full * i_max) + sum(p * (i_max**k) for k, p in enumerate(p1)) - i_max
+    assert top_loss == pytest.approx(-13.7, abs=0.1)  # the top state loses 0.8 % of Imax in a day
+    assert charge_loss.at_day(charge_loss.SPREAD_A, 2.5) == pytest.approx((28.72753 + 31.04318) / 2)
+    assert charge_loss.at_day(charge_loss.SPREAD_A, 6.0) == pytest.approx(34.57909 + (34.57909 - 33.76214))
+    fresh = ChargeLoss(0.0).apply(levels, crossbar, torch.Generator(), SITE)
+    assert torch.equal(fresh, levels)

@@ -2,7 +2,8 @@
 
 1. ``program``: the weights written into cells (after slicing: :mod:`.programming_noise`,
    :mod:`.stuck_cells`);
-2. ``perturb``: the programmed cells changed over time before they are read (:mod:`.drift`);
+2. ``perturb``: the programmed cells changed over time before they are read (:mod:`.drift`,
+   :mod:`.charge_loss`);
 3. ``read``: a tile's analog partial sums as the array produces them (:mod:`.ir_drop`, :mod:`.read_noise`);
 4. ``convert``: the partial sums at the ADC's input, before it rounds them (:mod:`.adc_errors`).
 
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from resnet8ptq.device.effects.adc_errors import AdcErrors
 from resnet8ptq.device.effects.base import CELL_STEPS, STEPS, Effect, Site, Tile
+from resnet8ptq.device.effects.charge_loss import ChargeLoss
 from resnet8ptq.device.effects.drift import Drift
 from resnet8ptq.device.effects.ir_drop import IrDrop
 from resnet8ptq.device.effects.programming_noise import ProgrammingNoise
@@ -35,6 +37,7 @@ __all__ = [
     "EFFECTS",
     "STEPS",
     "AdcErrors",
+    "ChargeLoss",
     "Drift",
     "Effect",
     "IrDrop",
@@ -46,7 +49,15 @@ __all__ = [
     "configured",
 ]
 
-EFFECTS: tuple[type[Effect], ...] = (ProgrammingNoise, StuckCells, Drift, IrDrop, ReadNoise, AdcErrors)
+EFFECTS: tuple[type[Effect], ...] = (
+    ProgrammingNoise,
+    StuckCells,
+    Drift,
+    ChargeLoss,
+    IrDrop,
+    ReadNoise,
+    AdcErrors,
+)
 """Every non-ideality, in the order they act within a step."""
 
 
