@@ -237,6 +237,18 @@ def budget_png(runs: pd.DataFrame, fronts: dict[str, pd.Series], path: Path) -> 
 DEVICE_NOISE_PNG = "report_device_noise.png"
 
 
+TIME_TICKS = {
+    0: "0",
+    60: "1 min",
+    3600: "1 h",
+    86_400: "1 day",
+    2_592_000: "30 days",
+    31_536_000: "1 yr",
+    315_360_000: "10 yr",
+}
+"""Where a time axis (seconds) is labelled, in words."""
+
+
 def device_curve_png(
     curves: dict[str, pd.DataFrame], lines: dict[str, float], path: Path, axis: str, log: bool
 ) -> Path:
@@ -253,6 +265,10 @@ def device_curve_png(
         ax.axhline(value, linestyle=style, color="0.4", linewidth=1, label=f"{name} {value:.2f}")
     if log:
         ax.set_xscale("symlog", linthresh=1.0)
+        largest = max(float(curve["x"].max()) for curve in curves.values())
+        ticks = {k: v for k, v in TIME_TICKS.items() if k <= 1.5 * largest}
+        ax.set_xticks(list(ticks), list(ticks.values()))
+        ax.set_xlim(left=0, right=1.5 * largest)
     ax.set(xlabel=axis, ylabel="accuracy on the device (%)")
     ax.set_title(f"Accuracy vs {axis.split(' (')[0]} (mean over draws, 95% interval)")
     ax.legend(fontsize=7)
