@@ -54,7 +54,7 @@ def test_the_presets_hold_their_sources_figures() -> None:
     assert sonos_settings == (1152, 7, "sonos", "sonos")
     assert pcm.noisy and sonos.noisy and not device_of("device/chip=ideal").noisy
     aged = device_of("device/chip=pcm", "device.t_inference=86400")
-    assert aged.t_inference == 86400 and aged.label == "cim-r512-adc8-npcm1-pcm-t86400-gdc"
+    assert aged.t_inference == 86400 and aged.label == "cim-r512-adc8-c7x1-npcm1-pcm-t86400-gdc"
 
 
 @pytest.mark.parametrize("chip", [c for c in CHIPS if c != "ideal"])
