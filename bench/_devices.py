@@ -13,5 +13,18 @@ DEVICES = {
         1_000,
     ),
     "cim noise 0.02 x5 draws": (DeviceConfig(kind="cim", weight_noise=0.02, noise_seeds=5), 10_000),
+    "cim rows=128 adc=4 aged x1": (  # issue 43's target: at most 2x the same crossbar without the effects
+        DeviceConfig(
+            kind="cim",
+            rows=128,
+            adc_bits=4,
+            drift="pcm",
+            t_inference=86_400.0,
+            drift_compensation=True,
+            read_noise=0.01,
+            noise_seeds=1,
+        ),
+        2_000,
+    ),
 }
 """Each device and the test images it is timed on."""

@@ -1,7 +1,9 @@
 """The device model's speed as ratios on this machine, per test image: the integer executor (device=integer),
 crossbars (128 rows with a calibrated 4-bit ADC; bit-serial 1-bit inputs with an 8-bit weight in two
-4-bit cells, on the first 1,000 images; a noisy crossbar over 5 noise draws) against the integer executor
-(issue 41's targets: the 4-bit crossbar at most 1.5x, the bit-serial one at most 8x) and against ONNX
+4-bit cells, on the first 1,000 images; a noisy crossbar over 5 noise draws; the 4-bit crossbar aged a day
+with PCM drift, its compensation and read noise, one chip, on the first 2,000) against the integer executor
+(issue 41's targets: the 4-bit crossbar at most 1.5x, the bit-serial one at most 8x; issue 43's: the aged
+crossbar at most 2x the 4-bit one) and against ONNX
 Runtime's reference pass (graph optimisations off) of the same QDQ model. The ADC ranges are calibrated
 before the timing. Rounds are interleaved; the medians are printed.
 

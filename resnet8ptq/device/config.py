@@ -338,9 +338,10 @@ def _drift_checks(device: DeviceConfig) -> list[tuple[bool, str]]:
             f"device.drift_t0={device.drift_t0}: expected seconds > 0",
         ),
         (
-            device.drift_nu_mean >= 0 and device.drift_nu_std >= 0,
+            0 <= device.drift_nu_mean <= 1 and 0 <= device.drift_nu_std <= 1,
             f"device.drift_nu_mean={device.drift_nu_mean}, device.drift_nu_std={device.drift_nu_std}: "
-            "expected >= 0",
+            "expected drift exponents in 0..1 (PCM's are about 0.05-0.1; above 1 a conductance would fall "
+            "faster than 1/t)",
         ),
         (
             not off or (device.t_inference == 0 and not device.drift_compensation),

@@ -311,6 +311,7 @@ def test_bad_settings_of_the_effects_fail_before_any_work() -> None:
         ({"t_inference": 60.0}, "with device.drift=none and device.charge_loss=none: nothing changes"),
         ({"drift_compensation": True}, "with device.drift=none and device.charge_loss=none: nothing"),
         ({"charge_loss": "flash"}, "device.charge_loss='flash': expected one of none, sonos"),
+        ({"drift": "constant", "drift_nu_mean": 1.5}, "expected drift exponents in 0..1"),
         ({"drift": "pcm", "drift_nu_mean": 0.2}, "are drift=constant's"),
         ({"drift": "weibull"}, "device.drift='weibull': expected one of none, constant, pcm"),
         ({"drift": "pcm", "t_inference": -1.0}, "device.t_inference=-1.0: expected seconds >= 0"),
