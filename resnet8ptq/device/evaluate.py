@@ -70,13 +70,14 @@ class DeviceResult:
 
 
 def seed_interval(accuracies: list[float], confidence: float = 0.95) -> tuple[float, float]:
-    """The t interval of the mean accuracy over noise draws (the draws are the device's variability)."""
+    """The t interval of the mean accuracy over noise draws (the draws are the device's variability), within
+    0..1: with few, widely spread draws the t interval reaches past what an accuracy can be."""
     from scipy import stats
 
     n = len(accuracies)
     mean = float(np.mean(accuracies))
     half = stats.t.ppf((1 + confidence) / 2, n - 1) * np.std(accuracies, ddof=1) / np.sqrt(n)
-    return mean - half, mean + half
+    return max(mean - half, 0.0), min(mean + half, 1.0)
 
 
 Profiles = dict[tuple, object]

@@ -214,3 +214,14 @@ def test_run_name_labels() -> None:
     assert DeviceConfig(kind="cim", bits_per_cell=2, cells_per_weight=4, weight_noise=0.02).label == (
         "cim-c2x4-n0.02"
     )
+
+
+def test_the_interval_over_noise_draws_is_the_t_interval_within_0_and_1() -> None:
+    """Three draws: mean ± t(0.975, 2) · s / sqrt(3), t = 4.303; cut at 0 and 1 when it reaches past them."""
+    from resnet8ptq.device.evaluate import seed_interval
+
+    low, high = seed_interval([0.80, 0.82, 0.84])
+    assert (low, high) == pytest.approx(
+        (0.82 - 4.3027 * 0.02 / 3**0.5, 0.82 + 4.3027 * 0.02 / 3**0.5), abs=1e-4
+    )
+    assert seed_interval([0.40, 0.75, 0.97]) == (0.0, 1.0)  # 0.707 ± 0.714
