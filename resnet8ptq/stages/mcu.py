@@ -11,11 +11,10 @@ from omegaconf import DictConfig
 
 from resnet8ptq import records
 from resnet8ptq.backends.base import Backend
-from resnet8ptq.evaluate import Evaluation
 from resnet8ptq.inputs import RunInputs
 from resnet8ptq.mcu.config import McuConfig
 from resnet8ptq.resolve import Plan, threads_per_run
-from resnet8ptq.stages import RunRecord, Stage
+from resnet8ptq.stages import Evaluated, RunRecord, Stage
 
 if TYPE_CHECKING:  # TFLM and Vela load only for TFLite models
     from resnet8ptq.mcu.evaluate import McuResult
@@ -32,9 +31,8 @@ class McuStage(Stage):
 
     def run(self, inputs: RunInputs, record: RunRecord) -> McuResult | None:
         plan, made = record.plan, record["quantize"].made
-        return on_mcu(
-            plan.cfg, plan.mcu, plan.backend, made.quantized.path, inputs, made.result.reference, plan.name
-        )
+        model = Evaluated(plan.name, made.quantized.path, made.result.reference)
+        return on_mcu(plan.cfg, plan.mcu, plan.backend, model, inputs)
 
     def log(self, inputs: RunInputs, record: RunRecord, result: McuResult) -> None:
         records.log_mcu(record.run_id, result, record.output_dir)
@@ -44,28 +42,21 @@ STAGE = McuStage()
 
 
 def on_mcu(
-    cfg: DictConfig,
-    mcu: McuConfig,
-    backend: Backend,
-    path: Path,
-    inputs: RunInputs,
-    reference: Evaluation,
-    name: str,
+    cfg: DictConfig, mcu: McuConfig, backend: Backend, model: Evaluated, inputs: RunInputs
 ) -> McuResult | None:
-    """The model at ``path`` on the microcontroller path, compared with its ``reference`` evaluation on
-    the test images (LiteRT's reference kernels); None unless the backend's models run in TFLite Micro and
-    ``mcu.enabled``."""
+    """``model`` on the microcontroller path, compared with its reference evaluation on the test images
+    (LiteRT's reference kernels); None unless the backend's models run in TFLite Micro and ``mcu.enabled``."""
     if not (mcu.enabled and backend.MCU):
         return None
     from resnet8ptq.mcu.evaluate import evaluate_mcu  # TFLM and Vela: only for TFLite models
 
     result = evaluate_mcu(
-        path, mcu, inputs, reference.probabilities, Path(cfg.cache_dir), threads_per_run(cfg),
-        f"{name}: TFLite Micro",
+        model.path, mcu, inputs, model.reference.probabilities, Path(cfg.cache_dir), threads_per_run(cfg),
+        f"{model.name}: TFLite Micro",
     )  # fmt: skip
     log.info(
         "%s: TFLite Micro accuracy %.4f; %s; arena %d bytes, flash %d bytes; fits %s",
-        name,
+        model.name,
         result.accuracy,
         result.comparison(),
         result.arena.recorded,

@@ -16,7 +16,7 @@ from resnet8ptq.execution import evaluate_quantized
 from resnet8ptq.inputs import RunInputs
 from resnet8ptq.mcu.config import McuConfig
 from resnet8ptq.records import RunContext, model_record
-from resnet8ptq.stages import RunRecord, Stage
+from resnet8ptq.stages import Evaluated, RunRecord, Stage
 from resnet8ptq.stages.device import on_device
 from resnet8ptq.stages.mcu import on_mcu
 from resnet8ptq.tracking.runs import first_in_sweep
@@ -56,8 +56,9 @@ def log_published_once(
             images, labels = inputs.test_images, inputs.test_labels
             result = evaluate_quantized(published, images, labels, f"{name} (published)", tolerance)
             model = model_record(cfg, backend, published.path, images, inputs.datasets.fp32)
-            on_mcu_result = on_mcu(cfg, mcu, backend, published.path, inputs, result.reference, name)
-            device_result = on_device(
-                device, backend, published.path, inputs, result.reference.predictions, f"{name} (published)"
+            on_mcu_result = on_mcu(
+                cfg, mcu, backend, Evaluated(name, published.path, result.reference), inputs
             )
+            evaluated = Evaluated(f"{name} (published)", published.path, result.reference)
+            device_result = on_device(device, backend, evaluated, inputs)
             records.log_published(context, name, published, result, model, on_mcu_result, device_result)
