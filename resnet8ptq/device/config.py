@@ -85,6 +85,10 @@ class Crossbar:
         return Crossbar(**{name: getattr(self, name) for name in LAYOUT})
 
 
+CROSSBAR_DEFAULTS = {item.name: item.default for item in fields(Crossbar)}
+"""Every crossbar setting's default: the ideal device."""
+
+
 @dataclass
 class DeviceConfig(Crossbar):
     """The device a quantized model is evaluated on: its kind, the crossbar's settings (a :class:`Crossbar`;
@@ -214,7 +218,7 @@ class DeviceConfig(Crossbar):
         parts += [f"r{self.rows}"] if self.rows is not None else []
         parts += [f"adc{self.adc_bits}"] if self.adc_bits is not None else []
         if self.adc_bits is not None:
-            defaults = {item.name: item.default for item in fields(Crossbar)}
+            defaults = CROSSBAR_DEFAULTS
             rule = RANGE_LABELS[self.range_rule].format(p=self.adc_percentile)
             parts += [rule] if self.range_rule != defaults["adc_range"] else []
             parts += [self.adc_granularity] if self.adc_granularity != defaults["adc_granularity"] else []
@@ -325,7 +329,7 @@ def _fraction_checks(device: DeviceConfig) -> list[tuple[bool, str]]:
 
 def _drift_checks(device: DeviceConfig) -> list[tuple[bool, str]]:
     """Time and nu's settings only with a drift that reads them, each in its range."""
-    defaults = {item.name: item.default for item in fields(Crossbar)}
+    defaults = CROSSBAR_DEFAULTS
     off = device.drift == "none" and device.charge_loss == "none"
     nu = [name for name in ("drift_nu_mean", "drift_nu_std") if getattr(device, name) != defaults[name]]
     return [

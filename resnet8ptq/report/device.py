@@ -117,6 +117,12 @@ def effect_charts(report: Report, runs: pd.DataFrame) -> list[str]:
     """For each setting of :data:`CURVES` the sweep varies: accuracy on the device against it, one curve per
     model and per value of the other settings, with the interval over the noise draws; and its table."""
     crossbar = runs[runs["device"].str.startswith("cim")]
+    fp32 = report.table.loc[~report.table["quantized"], "accuracy"]
+    lines = {"FP32": 100 * float(fp32.max())} if len(fp32) else {}
+    lines["reference"] = 100 * float(crossbar["accuracy"].max())
+    integer = runs.loc[runs["device"] == "int", "accuracy_device"]
+    if len(integer):
+        lines["integer device"] = 100 * float(integer.max())
     section: list[str] = []
     for setting, (axis, log) in CURVES.items():
         column = f"device_{setting}"
@@ -125,12 +131,6 @@ def effect_charts(report: Report, runs: pd.DataFrame) -> list[str]:
         curves = effect_curves(crossbar, setting)
         if not curves:
             continue
-        fp32 = report.table.loc[~report.table["quantized"], "accuracy"]
-        lines = {"FP32": 100 * float(fp32.max())} if len(fp32) else {}
-        lines["reference"] = 100 * float(crossbar["accuracy"].max())
-        integer = runs.loc[runs["device"] == "int", "accuracy_device"]
-        if len(integer):
-            lines["integer device"] = 100 * float(integer.max())
         path = report.out_dir / effect_png(setting)
         drawing = draw(device_curve_png, curves, lines, path, axis, log)
         section.append(report.image(path, f"accuracy against {setting}", drawing))

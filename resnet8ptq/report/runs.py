@@ -11,7 +11,7 @@ from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
 from resnet8ptq.data import CLASS_NAMES
-from resnet8ptq.device.config import Crossbar, DeviceConfig
+from resnet8ptq.device.config import CROSSBAR_DEFAULTS, Crossbar, DeviceConfig
 from resnet8ptq.errors import ReportError
 from resnet8ptq.hardware import Hardware
 from resnet8ptq.records import REFERENCE_TAG
@@ -207,13 +207,10 @@ def device_columns(tags: dict[str, str]) -> dict[str, object]:
     return columns
 
 
-SETTING_DEFAULTS = {item.name: item.default for item in fields(Crossbar)}
-
-
 def _setting(value: str, name: str | None = None) -> object:
     """A ``device.*`` tag's value as the config held it (``name``: the setting, whose default's type says
     how: a choice such as ``drift=none`` stays a string, a flag is a bool)."""
-    default = SETTING_DEFAULTS.get(name or "")
+    default = CROSSBAR_DEFAULTS.get(name or "")
     if isinstance(default, bool):
         return value.lower() == "true"
     if isinstance(default, str):

@@ -97,15 +97,14 @@ class Stage:
         log_artifacts(record.run_id, list(result.files))
 
 
-@cache
-def registered() -> tuple[Stage, ...]:
-    """Every stage of this package's modules (their ``STAGE``), in ``order``, ties by name."""
+def _found(modules: list[str]) -> tuple[Stage, ...]:
+    """The stages (each module's ``STAGE``) of these modules of this package, in ``order``, ties by name."""
     stages = []
-    for module in pkgutil.iter_modules(__path__):
-        stage = getattr(importlib.import_module(f"{__name__}.{module.name}"), "STAGE", None)
+    for name in modules:
+        stage = getattr(importlib.import_module(f"{__name__}.{name}"), "STAGE", None)
         if stage is not None:
             if not isinstance(stage, Stage):
-                raise TypeError(f"{__name__}.{module.name}.STAGE is not a Stage: {stage!r}")
+                raise TypeError(f"{__name__}.{name}.STAGE is not a Stage: {stage!r}")
             stages.append(stage)
     names = [stage.name for stage in stages]
     if len(set(names)) != len(names):
@@ -114,15 +113,15 @@ def registered() -> tuple[Stage, ...]:
 
 
 @cache
+def registered() -> tuple[Stage, ...]:
+    """Every stage of this package's modules (their ``STAGE``), in ``order``, ties by name."""
+    return _found([module.name for module in pkgutil.iter_modules(__path__)])
+
+
+@cache
 def added() -> tuple[Stage, ...]:
     """The stages outside :data:`BUILT_IN` (only their modules are imported: they declare their names)."""
-    stages = []
-    for module in pkgutil.iter_modules(__path__):
-        if module.name not in BUILT_IN:
-            stage = getattr(importlib.import_module(f"{__name__}.{module.name}"), "STAGE", None)
-            if isinstance(stage, Stage):
-                stages.append(stage)
-    return tuple(sorted(stages, key=lambda stage: (stage.order, stage.name)))
+    return _found([m.name for m in pkgutil.iter_modules(__path__) if m.name not in BUILT_IN])
 
 
 def declared(kind: str) -> dict[str, str]:
