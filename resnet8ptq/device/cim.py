@@ -26,8 +26,9 @@ What is modelled, per layer, for every output (a crossbar column) and every imag
   :data:`~.adc.STEP_FRACTION_BITS` fraction bits beside them and the sum is rounded half to even to an
   integer once, after the last tile. The bias is added last, then requantization is the integer executor's.
 
-Not modelled: the exact wire network (IR drop is aihwkit's first-order model), charge loss of flash cells,
-aihwkit's accumulated 1/f noise at time t, and any analog activation or pooling.
+Not modelled: the exact wire network (IR drop is aihwkit's first-order model), the retention of floating-gate
+flash cells (charge loss is SONOS's), aihwkit's accumulated 1/f noise at time t, temperature, and any analog
+activation or pooling.
 """
 
 from __future__ import annotations
@@ -125,6 +126,8 @@ class CrossbarArithmetic(Arithmetic):
         self._generator = torch.Generator().manual_seed(seed)
         self._read_generator = torch.Generator().manual_seed(seed + READ_STREAM)
         self._tiled: dict[str, tuple[list[tuple[slice, torch.Tensor]], float]] = {}
+        self._significance: dict[str, torch.Tensor] = {}  # noisy cells: each fixed-point digit's weight
+        self._cells_of_tile: dict[str, list[torch.Tensor]] = {}  # per tile: the cells as read, float64
         self._rows_of_tile: dict[str, list[torch.Tensor]] = {}  # per tile: ones on its rows, (1, C_t, kh, kw)
         self._place_of_row: dict[str, list[torch.Tensor]] = {}  # per tile: each row's place along it
         self._compensation: dict[str, float] = {}  # drift_compensation: the layer's digital scale
@@ -179,39 +182,53 @@ class CrossbarArithmetic(Arithmetic):
         self, layer: Conv, device: torch.device | None = None
     ) -> tuple[list[tuple[slice, torch.Tensor]], float]:
         """Each row tile's cells as a convolution over the input channels its rows touch: (channels, weights
-        (Sw·O, C_t, kh, kw) with every weight slice stacked on the outputs, masked to the tile's rows), in
-        the exact type of the layer's partial sums (float32 while no partial sum can reach 2^24: the largest
-        input digit times the largest column sum of cells), and that bound; made once per layer, on
-        ``device``."""
+        (Sw·O, C_t, kh, kw) with every weight slice stacked on the outputs, masked to the tile's rows), and
+        the largest |partial sum| they can make (the largest input digit times the largest column sum of
+        cells); made once per layer, on ``device``. Integer cells are read in float32 while that bound stays
+        below 2^24, else in float64; cells that are not integers (a noisy chip's), as the fixed-point digits
+        of :func:`cell_digits` stacked on the outputs before the weight slices (D·Sw·O outputs), each an exact
+        float32 convolution that :meth:`read` adds up in float64."""
         if layer.name not in self._tiled:
             c = self.crossbar
             in_bits, _ = value_bits(*self.input_window(layer))
+            digit_scale = 2.0 ** min(c.dac_bits, in_bits)  # above every input digit's magnitude
             cells = torch.stack([cell for cell, _ in self.weight_slices(layer)])  # (Sw, O, K)
+            largest = digit_scale * max(
+                float((cells[..., low:high]).abs().sum(dim=-1).max())
+                for low, high in itertools.pairwise(self._bounds(layer))
+            )
+            integral = bool(torch.equal(cells, cells.round()))
+            rows = tile_sizes(layer.terms, c.rows)[0]
+            digit_bits = math.floor(math.log2(EXACT_FLOAT32 / (rows * digit_scale)))  # a digit's exact width
+            if not integral and digit_bits >= 1:
+                stacked, significance = cell_digits(cells, digit_bits)  # (D, Sw, O, K)
+                self._significance[layer.name] = significance.to(device=device)
+                read_cells = (stacked * significance.view(-1, 1, 1, 1)).sum(dim=0)  # exact: the cells as read
+                dtype = torch.float32
+            else:
+                stacked, read_cells = cells.unsqueeze(0), cells
+                dtype = torch.float32 if integral and largest < EXACT_FLOAT32 else torch.float64
             kernel = int(np.prod(layer.weight.shape[2:]))  # a channel's kh·kw rows (term order: c, kh, kw)
-            bounds = np.cumsum([0, *tile_sizes(layer.terms, c.rows)])
-            tiles, rows, places, largest = [], [], [], 0.0
-            for low, high in itertools.pairwise(bounds):
-                channels = slice(int(low) // kernel, -(-int(high) // kernel))
+            tiles, masks, places, cells_of_tile = [], [], [], []
+            for low, high in itertools.pairwise(self._bounds(layer)):
+                channels = slice(low // kernel, -(-high // kernel))
                 mask = torch.zeros(layer.terms, dtype=torch.float64)
                 mask[low:high] = 1
-                masked = (cells * mask).reshape(-1, *layer.weight.shape[1:])[:, channels]
-                largest = max(largest, float(masked.abs().sum(dim=(1, 2, 3)).max()))
-                tiles.append((channels, masked))
-                rows.append(mask.reshape(1, *layer.weight.shape[1:])[:, channels])
+                tiles.append((channels, (stacked * mask).reshape(-1, *layer.weight.shape[1:])[:, channels]))
+                cells_of_tile.append((read_cells * mask).reshape(-1, *layer.weight.shape[1:])[:, channels])
+                masks.append(mask.reshape(1, *layer.weight.shape[1:])[:, channels])
                 place = torch.zeros(layer.terms, dtype=torch.float64)
                 place[low:high] = torch.arange(high - low, dtype=torch.float64) / (high - low)
                 places.append(place.reshape(1, *layer.weight.shape[1:])[:, channels])
-            largest *= 2.0 ** min(c.dac_bits, in_bits)
-            # Noisy cells or readings are not integers: float64, whose rounding error (2^-53 relative) is far
-            # below any ADC step, so that a noisy chip reads the same on every kernel (CPU or GPU) but for
-            # rare ties.
-            integral = all(torch.equal(cell, cell.round()) for cell, _ in self.weight_slices(layer))
-            exact = largest < EXACT_FLOAT32 and integral and not self.analog_readings
-            dtype = torch.float32 if exact else torch.float64
             self._tiled[layer.name] = ([(ch, w.to(dtype=dtype, device=device)) for ch, w in tiles], largest)
-            self._rows_of_tile[layer.name] = [mask.to(dtype=torch.float64, device=device) for mask in rows]
+            self._cells_of_tile[layer.name] = [cell.to(device=device) for cell in cells_of_tile]
+            self._rows_of_tile[layer.name] = [mask.to(device=device) for mask in masks]
             self._place_of_row[layer.name] = [place.to(device=device) for place in places]
         return self._tiled[layer.name]
+
+    def _bounds(self, layer: Conv) -> list[int]:
+        """The first term of each row tile, then the layer's term count."""
+        return [int(b) for b in np.cumsum([0, *tile_sizes(layer.terms, self.crossbar.rows)])]
 
     def accumulate(self, layer: Conv, x: torch.Tensor) -> torch.Tensor:
         c = self.crossbar
@@ -229,13 +246,16 @@ class CrossbarArithmetic(Arithmetic):
         padded = zero_pad(layer, torch.cat(digits).to(dtype))
         read_bound, integral = self.adc_bound(layer, largest)
         scale = self._compensation.get(layer.name)  # drift_compensation: the digital side scales the column
-        integral = integral and scale is None
         if self.analog_readings and self.crossbar.adc_bits is None:
             read_bound = math.inf  # an ideal ADC does not bound what a read effect adds
         # The readings' sum is exact in float32 while integers stay below 2^24 (every order of summation).
         bound = len(tiles) * read_bound * sum(2.0 ** (xs + ws) for xs in x_shifts for ws in w_shifts)
-        sum_dtype = torch.float32 if integral and bound < EXACT_FLOAT32 else torch.float64
         limit = 2 ** (c.accumulator_bits - 1)
+        # The compensation scales each tile's columns before a saturating accumulator adds them, else (the
+        # same sum but for float64's rounding) the tiles' sum once.
+        scale_tiles = scale is not None and bound >= limit
+        integral = integral and not scale_tiles
+        sum_dtype = torch.float32 if integral and bound < EXACT_FLOAT32 else torch.float64
         x_significance = torch.tensor([2.0**xs for xs in x_shifts], dtype=sum_dtype, device=x.device)
         w_significance = torch.tensor([2.0**ws for ws in w_shifts], dtype=sum_dtype, device=x.device)
         acc, profiled = None, []
@@ -254,15 +274,20 @@ class CrossbarArithmetic(Arithmetic):
                 column = torch.tensordot(w_significance, read, dims=([0], [1]))  # type: ignore[arg-type]
             else:
                 column = read[:, 0]  # (N, O, H', W')
-            if scale is not None:
+            if scale_tiles:
                 column = column * scale
             acc = column if acc is None else acc.add_(column)
             if bound >= limit:  # the digital accumulator adds the tiles one by one, saturating
                 acc.clamp_(-limit, limit - 1)
         if self.profile is not None:
             self.profile.add(layer.name, self.geometry(layer), torch.cat(profiled, dim=1))
-        if not integral:
+        if scale is not None and not scale_tiles:
+            acc = acc.to(torch.float64).mul_(scale)
+        if not integral or scale is not None:
             acc = torch.round(acc)  # fixed point (multiples of 2^-8) to the integer accumulator: half to even
+            # back to float32 where the accumulator and its bias stay exact in it: a faster requantization
+            if bound * (scale or 1.0) + float(np.abs(layer.bias).max(initial=0)) < EXACT_FLOAT32 - 1:
+                acc = acc.to(torch.float32)
         return acc
 
     def read(self, layer: Conv, tile: int, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -270,19 +295,27 @@ class CrossbarArithmetic(Arithmetic):
         channels its rows touch), then every ``read`` effect (with Σ x² over the tile's rows where one needs
         it: :attr:`~.effects.Effect.needs_input_energy`)."""
         partial = integer_conv2d(x, weight, layer.stride)
+        significance = self._significance.get(layer.name)
+        if significance is not None:  # noisy cells: their fixed-point digits' exact readings, added in order
+            digits = partial.view(len(partial), len(significance), -1, *partial.shape[2:])
+            partial = digits[:, 0] * significance[0]
+            for digit, weight in enumerate(significance[1:].tolist(), start=1):
+                partial.add_(digits[:, digit], alpha=weight)  # alpha: a power of two, the product exact
         if not self.effects["read"]:
             return partial
+        in_bits, _ = value_bits(*self.input_window(layer))
+        scale = 2.0 ** min(self.crossbar.dac_bits, in_bits)
+        rows = self._rows_of_tile[layer.name][tile]
         energy = None
         if any(effect.needs_input_energy for effect in self.effects["read"]):
-            rows = self._rows_of_tile[layer.name][tile]
-            energy = integer_conv2d(x.to(torch.float64).square(), rows, layer.stride)
+            # Σ x² over the tile's rows: exact in float32 below 2^24, as every sum of integers here
+            exact = x.dtype == torch.float32 and float(rows.sum()) * scale**2 < EXACT_FLOAT32
+            dtype = torch.float32 if exact else torch.float64
+            energy = integer_conv2d(x.to(dtype).square(), rows.to(dtype), layer.stride)
         array = None
         if any(effect.needs_tile for effect in self.effects["read"]):
-            in_bits, _ = value_bits(*self.input_window(layer))
-            rows = int(self._rows_of_tile[layer.name][tile].sum())
-            place = self._place_of_row[layer.name][tile]
-            scale = 2.0 ** min(self.crossbar.dac_bits, in_bits) - 1
-            array = Tile(x, scale, weight, place, rows, layer.stride)
+            cells, place = self._cells_of_tile[layer.name][tile], self._place_of_row[layer.name][tile]
+            array = Tile(x, scale - 1, cells, place, int(rows.sum()), layer.stride)
         site = Site(self.seed, layer.name, tile, input_energy=energy, array=array)
         for effect in self.effects["read"]:
             partial = effect.apply(partial, self.crossbar, self._read_generator, site)
@@ -338,6 +371,30 @@ class CrossbarArithmetic(Arithmetic):
                 zip(per_column(adcs.steps), per_column(adcs.code_min), per_column(adcs.code_max), strict=True)
             )
         return self._adcs[layer.name][tile]
+
+
+CELL_FRACTION_BITS = 16
+"""Cells that are not integers (a noisy chip's: programming noise, drift, charge loss) are held in fixed
+point, to 2^-16 of a level: far below those effects (aihwkit's PCM programming noise alone is about 1 % of
+the range, 2.5 levels of an 8-bit cell), and read as integer digits whose convolutions are exact in float32
+and are added in a fixed order, so a noisy chip reads the same on every kernel (CPU or GPU), in a few
+float32 convolutions rather than one float64 convolution (several times slower on a CPU)."""
+
+
+def cell_digits(cells: torch.Tensor, digit_bits: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``cells`` (float64) rounded half to even to 2^-:data:`CELL_FRACTION_BITS` of a level and cut into
+    signed ``digit_bits``-bit digits, lowest first: (digits (D, *cells.shape), integers in float64; their
+    significance (D,), powers of two): Σ_d digit_d · significance_d = the rounded cells, exactly."""
+    fixed = torch.round(cells * 2.0**CELL_FRACTION_BITS)
+    sign, magnitude = torch.sign(fixed), fixed.abs()
+    count = max(1, math.ceil(int(magnitude.max()).bit_length() / digit_bits))
+    base, digits = 2.0**digit_bits, []
+    for _ in range(count):
+        digit = torch.remainder(magnitude, base)  # integers below 2^53: exact
+        digits.append(sign * digit)
+        magnitude = (magnitude - digit) / base
+    significance = [2.0 ** (digit_bits * d - CELL_FRACTION_BITS) for d in range(count)]
+    return torch.stack(digits), torch.tensor(significance, dtype=torch.float64)
 
 
 def drift_compensation(programmed: list[torch.Tensor], drifted: list[tuple[torch.Tensor, int]]) -> float:

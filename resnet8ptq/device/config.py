@@ -19,7 +19,7 @@ WINDOWS = ("symmetric", "asymmetric")
 DAC_RANGES = ("full", "percentile")  # the DAC's full scale (device/dac.py)
 DRIFTS = ("none", "constant", "pcm")  # the drift exponent's model (device/effects/drift.py)
 CHARGE_LOSSES = ("none", "sonos")  # charge-trap cells' retention (device/effects/charge_loss.py)
-NOISE_MODELS = ("constant", "pcm", "sonos")  # programming noise's sigma (device/effects/programming_noise.py)
+NOISE_MODELS = ("constant", "proportional", "pcm", "sonos")  # its sigma (device/effects/programming_noise.py)
 ADC_ERRORS = ("adc_offset", "adc_gain", "adc_inl", "adc_noise")
 IR_DROP_G_RATIO = 1 / 0.35 / 5e-6  # aihwkit's default: 0.35 Ω of wire per cell, 5 µS a cell's top conductance
 

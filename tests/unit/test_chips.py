@@ -35,7 +35,7 @@ def device_of(*overrides: str) -> DeviceConfig:
 
 
 def test_the_presets_are_the_documented_ones() -> None:
-    assert CHIPS == ["ideal", "pcm", "sonos"]
+    assert CHIPS == ["eflash", "ideal", "pcm", "sonos"]
 
 
 @pytest.mark.parametrize("chip", CHIPS)
@@ -53,6 +53,9 @@ def test_the_presets_hold_their_sources_figures() -> None:
     sonos_settings = (sonos.rows, sonos.bits_per_cell, sonos.weight_noise_model, sonos.charge_loss)
     assert sonos_settings == (1152, 7, "sonos", "sonos")
     assert pcm.noisy and sonos.noisy and not device_of("device/chip=ideal").noisy
+    eflash = device_of("device/chip=eflash")
+    assert (eflash.bits_per_cell, eflash.weight_noise, eflash.weight_noise_model) == (7, 0.01, "proportional")
+    assert eflash.noisy and (eflash.drift, eflash.charge_loss, eflash.rows) == ("none", "none", None)
     aged = device_of("device/chip=pcm", "device.t_inference=86400")
     assert aged.t_inference == 86400 and aged.label == "cim-r512-adc8-c7x1-npcm1-pcm-t86400-gdc"
 

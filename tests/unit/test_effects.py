@@ -4,6 +4,7 @@ crossbar (calibration's) without any of them."""
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from dataclasses import dataclass, field
@@ -13,9 +14,9 @@ import numpy as np
 import pytest
 import torch
 
-from resnet8ptq.device import effects
+from resnet8ptq.device import cim, effects
 from resnet8ptq.device.adc import Geometry, LayerSteps
-from resnet8ptq.device.cim import READ_STREAM, CrossbarArithmetic
+from resnet8ptq.device.cim import CELL_FRACTION_BITS, READ_STREAM, CrossbarArithmetic, cell_digits
 from resnet8ptq.device.config import Crossbar, DeviceConfig
 from resnet8ptq.device.effects import (
     AdcErrors,
@@ -28,7 +29,7 @@ from resnet8ptq.device.effects import (
     charge_loss,
 )
 from resnet8ptq.device.effects.base import Site
-from resnet8ptq.device.executor import Ideal
+from resnet8ptq.device.executor import Ideal, integer_conv2d
 from tests.unit.test_device import centred_input, conv_layer
 
 pytestmark = pytest.mark.device
@@ -75,15 +76,18 @@ def test_programming_noise_is_sigma_times_the_cell_range_times_a_normal_draw() -
     assert ProgrammingNoise.configured(Crossbar()) is None
 
 
-@pytest.mark.parametrize("model", ["pcm", "sonos"])
+@pytest.mark.parametrize("model", ["proportional", "pcm", "sonos"])
 def test_a_devices_programming_noise_depends_on_the_level_written(model: str) -> None:
-    """aihwkit's PCM fit: σ = (0.26348 + 1.9650 ĝ - 1.1731 ĝ²) / 25 of the range; CrossSim's SONOS fit:
+    """CrossSim's proportional error: σ = ĝ of the range (weight_noise 1), aihwkit's PCM fit:
+    σ = (0.26348 + 1.9650 ĝ - 1.1731 ĝ²) / 25 of the range; CrossSim's SONOS fit:
     σ = 19.88665 (1 - exp(-I / 176.3115)) / Imax, I = ĝ · Imax, Imax = 0.06 V / 35 kΩ = 1714.29 nA."""
     levels = torch.tensor([[0.0, 255.0, -51.0]], dtype=torch.float64)
     noisy = ProgrammingNoise(1.0, model).apply(levels, Crossbar(), torch.Generator().manual_seed(8), SITE)
     normal = torch.randn((1, 3), generator=torch.Generator().manual_seed(8), dtype=torch.float64)
     g = [0.0, 1.0, 0.2]
-    if model == "pcm":
+    if model == "proportional":
+        sigma = g  # a level's own size: 51 levels of σ at level 51
+    elif model == "pcm":
         sigma = [(0.26348 + 1.9650 * x - 1.1731 * x * x) / 25 for x in g]
         assert sigma[1] == pytest.approx(0.0422, abs=1e-4)  # 4.2 % of the range at the top level
     else:
@@ -214,7 +218,7 @@ def test_global_drift_compensation_undoes_a_uniform_drift() -> None:
     settings |= {"drift_nu_std": 0.0, "t_inference": 3.15e7}
     drifted = CrossbarArithmetic(Crossbar(**settings)).accumulate(layer, x).double()
     chip = CrossbarArithmetic(Crossbar(**settings, drift_compensation=True))
-    compensated = chip.accumulate(layer, x)
+    compensated = chip.accumulate(layer, x).double()
     alpha = ((3.15e7 + 20) / 20) ** 0.1
     assert chip._compensation["conv"] == pytest.approx(alpha, rel=1e-12)
     rounding = 3 * 0.5 * (1 + 2**4)  # three tiles, two weight slices (shifts 0 and 4)
@@ -232,8 +236,8 @@ def test_read_noise_adds_sigma_times_the_cell_range_times_the_inputs_norm() -> N
     noisy = ReadNoise(0.01).apply(
         values, Crossbar(), torch.Generator().manual_seed(2), Site(0, "c", 0, energy)
     )
-    normal = torch.randn((1, 2, 1, 1), generator=torch.Generator().manual_seed(2), dtype=torch.float64)
-    assert torch.allclose(noisy, values + 0.01 * 255 * 3 * normal, rtol=1e-15, atol=0)
+    normal = torch.randn((1, 2, 1, 1), generator=torch.Generator().manual_seed(2), dtype=torch.float32)
+    assert torch.allclose(noisy, values + 0.01 * 255 * 3 * normal.double(), rtol=1e-15, atol=0)
     rng = np.random.default_rng(14)
     layer = conv_layer(rng)
     x = centred_input(rng, layer)
@@ -341,7 +345,7 @@ def test_ir_drop_is_aihwkits_first_order_model() -> None:
     n = 48  # 144 terms at 64 rows: three tiles of 48
     place = 1 - (1 - torch.arange(n, dtype=torch.float64) / n) ** 2
     for tile, (channels, weight) in enumerate(tiles):
-        got = chip.read(layer, tile, padded[:, channels], weight).reshape(2, 8, -1)
+        got = chip.read(layer, tile, padded[:, channels].to(weight.dtype), weight).reshape(2, 8, -1)
         xs, w = columns[:, n * tile : n * (tile + 1)], cells[:, n * tile : n * (tile + 1)]
         ideal = torch.einsum("on,bnl->bol", w, xs)
         a = n / 200.0 * torch.einsum("on,bnl->bol", w.abs(), xs.abs()) / (255 * 255)
@@ -380,3 +384,44 @@ def test_sonos_charge_loss_is_crosssims_drift_fit() -> None:
     assert charge_loss.at_day(charge_loss.SPREAD_A, 6.0) == pytest.approx(34.57909 + (34.57909 - 33.76214))
     fresh = ChargeLoss(0.0).apply(levels, crossbar, torch.Generator(), SITE)
     assert torch.equal(fresh, levels)
+
+
+def test_noisy_cells_are_read_as_exact_fixed_point_digits() -> None:
+    """Cells that are not integers are rounded to 2^-16 of a level and cut into digits small enough for an
+    exact float32 convolution; the digits add up to the rounded cells exactly."""
+    cells = torch.randn(2, 8, 144, generator=torch.Generator().manual_seed(3), dtype=torch.float64) * 90
+    digits, significance = cell_digits(cells, 9)
+    rounded = torch.round(cells * 2.0**CELL_FRACTION_BITS) / 2.0**CELL_FRACTION_BITS
+    assert torch.equal((digits * significance.view(-1, 1, 1, 1)).sum(dim=0), rounded)
+    assert (rounded - cells).abs().max() <= 2.0 ** -(CELL_FRACTION_BITS + 1)
+    assert torch.equal(digits, digits.round()) and digits.abs().max() <= 2**9 - 1
+    assert len(significance) == math.ceil((int(cells.abs().max()).bit_length() + CELL_FRACTION_BITS) / 9)
+
+
+def test_a_drifted_chip_reads_its_rounded_cells_the_same_on_every_kernel(monkeypatch) -> None:
+    """A drifted chip's partial sums equal Σ x · (its cells rounded to 2^-16 of a level), computed exactly
+    in float64, within float32's rounding of the result; and oneDNN's direct convolution and the im2col
+    matrix product (CUDA's path) give the same bits."""
+    rng = np.random.default_rng(21)
+    layer = conv_layer(rng)
+    x = centred_input(rng, layer, n=3)
+    settings = {"rows": 64, "drift": "pcm", "t_inference": 86_400.0, "read_noise": 0.01}
+    chip = CrossbarArithmetic(Crossbar(**settings), seed=4)
+    direct = chip.accumulate(layer, x)
+    monkeypatch.setattr(cim, "integer_conv2d", functools.partial(integer_conv2d, gemm=True))
+    gemm = CrossbarArithmetic(Crossbar(**settings), seed=4).accumulate(layer, x)
+    assert torch.equal(direct, gemm)
+    monkeypatch.undo()
+    quiet = CrossbarArithmetic(Crossbar(rows=64, drift="pcm", t_inference=86_400.0), seed=4)
+    tiles, _ = quiet.tiled_weights(layer)
+    cells = torch.stack([cell for cell, _ in quiet.weight_slices(layer)])[0]  # (O, K): one 8-bit slice
+    rounded = torch.round(cells * 2.0**CELL_FRACTION_BITS) / 2.0**CELL_FRACTION_BITS
+    padded = torch.nn.functional.pad(x.double(), (1, 1, 1, 1))
+    columns = torch.nn.functional.unfold(padded, 3)  # (N, 144, 64) in (c, kh, kw) order
+    for tile, (channels, weight) in enumerate(tiles):
+        got = quiet.read(layer, tile, padded[:, channels].float(), weight).reshape(3, 8, -1)
+        terms = slice(48 * tile, 48 * (tile + 1))
+        exact = torch.einsum("on,bnl->bol", rounded[:, terms], columns[:, terms])
+        size = torch.einsum("on,bnl->bol", rounded[:, terms].abs(), columns[:, terms].abs())
+        assert got.dtype == torch.float32
+        assert ((got.double() - exact).abs() <= 2.0**-22 * size).all()  # two float32 additions' rounding

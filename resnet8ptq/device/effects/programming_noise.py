@@ -4,6 +4,9 @@ Gaussian noise drawn once per programmed chip (per seed), so that every image ru
 in levels, by ``weight_noise_model``:
 
 * ``constant``: σ = ``weight_noise`` × the cell's full range (2^bits_per_cell - 1);
+* ``proportional`` (CrossSim's ``NormalProportionalDevice``: an error relative to the target, as a
+  write-verify loop tunes a flash cell to within a fraction of its target current): σ = ``weight_noise`` ×
+  |level|;
 * ``pcm`` (aihwkit's ``PCMLikeNoiseModel.apply_programming_noise_to_conductance``, ``prog_coeff`` fitted to
   PCM by Nandakumar et al., ICECS 2019): σ = ``weight_noise`` × (0.26348 + 1.9650·ĝ - 1.1731·ĝ²) / 25 × the
   range, ĝ = |level| / range (aihwkit's σ in µS at g_max = 25 µS; ``weight_noise`` is its
@@ -32,7 +35,6 @@ PCM_PROG_COEFF = (0.26348, 1.9650, -1.1731)  # aihwkit PCMLikeNoiseModel.prog_co
 PCM_G_MAX = 25.0
 SONOS_A, SONOS_B = 19.88665, 176.3115  # CrossSim SONOS.py, programming error at t = 0 (nA)
 SONOS_I_MAX = 0.06 / 35e3 * 1e9  # nA: Vread 0.06 V (inference_net.py) over Rmin 35 kΩ (SONOS-TCAS.json)
-MODELS = ("constant", "pcm", "sonos")
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,8 @@ class ProgrammingNoise(Effect):
         if self.model == "sonos":
             current = level * SONOS_I_MAX
             return self.sigma * SONOS_A * (1 - torch.exp(-current / SONOS_B)) / SONOS_I_MAX
+        if self.model == "proportional":
+            return self.sigma * level
         return self.sigma
 
     def apply(

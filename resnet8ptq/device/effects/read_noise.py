@@ -33,8 +33,11 @@ class ReadNoise(Effect):
     def apply(
         self, values: torch.Tensor, crossbar: Crossbar, generator: torch.Generator, site: Site
     ) -> torch.Tensor:
-        """One ``torch.randn`` of the partial sums' shape (float64, the read stream)."""
+        """One ``torch.randn`` of the partial sums' shape (float32, the read stream), in the type of the
+        partial sums: float32 readings round to 24 significant bits, elementwise and so the same on every
+        kernel, far below the noise that makes them non-integers."""
         assert site.input_energy is not None  # the crossbar computes it: needs_input_energy
-        noise = torch.randn(values.shape, generator=generator, dtype=torch.float64).to(values.device)
-        scale = self.sigma * (2**crossbar.bits_per_cell - 1) * site.input_energy.sqrt()
-        return values.to(torch.float64) + scale * noise
+        noise = torch.randn(values.shape, generator=generator, dtype=torch.float32)
+        noise = noise.to(device=values.device, dtype=values.dtype)
+        scale = site.input_energy.to(values.dtype).sqrt_().mul_(self.sigma * (2**crossbar.bits_per_cell - 1))
+        return noise.mul_(scale).add_(values)
