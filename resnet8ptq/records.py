@@ -24,6 +24,7 @@ from resnet8ptq.artifacts import (
 )
 from resnet8ptq.backends.base import Backend, MlflowFlavor, QuantizedModel
 from resnet8ptq.data import CLASS_NAMES
+from resnet8ptq.digests import device_digests, run_digests
 from resnet8ptq.evaluate import Baseline, Evaluation
 from resnet8ptq.execution import QuantizedResult
 from resnet8ptq.layers import raised_in
@@ -167,6 +168,7 @@ def log_baseline_once(context: RunContext, backend_name: str, model: ModelRecord
                 "eval_seconds": baseline.evaluation.eval_seconds,
             }
             log_metrics(run_id, {**metrics, "fp32_size_bytes": metrics["model_size_bytes"]})
+            set_tags(run_id, run_digests(baseline.model.path, baseline.evaluation.predictions))
             files = evaluation_files(baseline.evaluation, context.output_dir / "fp32", name)
             model.log(run_id, name)  # while the charts are drawn
             log_artifacts(run_id, [*files, ("model", baseline.model.path)])
@@ -237,6 +239,7 @@ def log_quantized(
             **({"mixed_precision.raised": ",".join(raised)} if raised else {}),
             **made.tags,
             **prepared.tags,
+            **run_digests(quantized.path, made.result.reference.predictions, quantized.ranges),
         },
     )
     files = [
@@ -300,7 +303,10 @@ def log_published(
         log_metrics(
             run_id, {k: v for k, v in metrics.items() if k not in ("calib_seconds", "quantize_seconds")}
         )
-        set_tags(run_id, read_back_tags(published, result))
+        set_tags(
+            run_id,
+            read_back_tags(published, result) | run_digests(published.path, result.reference.predictions),
+        )
         evaluation_dir = context.output_dir / f"published-{name}"
         files = evaluation_files(result.reference, evaluation_dir, run_name, context.baseline.evaluation)
         model.log(run_id, run_name)  # while the charts are drawn
@@ -355,7 +361,7 @@ def log_device(context: RunContext, run_id: str, device: OnDevice, reference_pre
         files.append(export_crossbar(model, result.device, device.calibration, out_dir, result.dac_ranges))
     log_metrics(run_id, result.metrics())
     worst = {"device.worst_layer": result.worst_layer} if result.layer_sqnr else {}
-    set_tags(run_id, {"device.source": model.source, **worst})
+    set_tags(run_id, {"device.source": model.source, **worst, **device_digests(model, result.predictions)})
     log_artifacts(run_id, [("device", path) for path in files])
 
 

@@ -38,8 +38,9 @@ RESULT_KEYS = (
     "device",
 )
 NOT_RESULT = ("device.batch_size", "algo.reuse")
-"""Keys under RESULT_KEYS that change how a run computes, not what it gives (memory per step; whether the
-algorithms' output may come from an earlier run's)."""
+"""Keys under RESULT_KEYS that change how a run computes, not what it gives (memory per step, though with
+per-read noise the batches also decide which draws each image gets: another realization of the same noise;
+whether the algorithms' output may come from an earlier run's)."""
 
 
 GROUP_CHOICES = ("backend", "dtype", "calib", "algo", "device")
@@ -95,10 +96,10 @@ def run_params(cfg: DictConfig) -> dict[str, Any]:
     return params
 
 
-def config_hash(params: Mapping[str, Any], identity: Mapping[str, str]) -> str:
-    """A short hash of what determines a run's result: the RESULT_KEYS settings in ``params`` plus
-    ``identity`` (the model's actual content and the library versions). Paths, the tracking store,
-    `rerun` and the report settings do not count (the backend counts by its options and class)."""
+def result_settings(params: Mapping[str, Any]) -> dict[str, str]:
+    """The settings in ``params`` that decide a run's result (:data:`RESULT_KEYS`, less
+    :data:`NOT_RESULT`), by their hashed names and values, those at an :data:`ADDED_DEFAULTS` value left
+    out. Paths, the tracking store, `rerun` and the report settings do not count."""
     prefixes = tuple(f"{key}." for key in RESULT_KEYS)
     relevant = {
         key: str(value)
@@ -106,8 +107,13 @@ def config_hash(params: Mapping[str, Any], identity: Mapping[str, str]) -> str:
         if key not in GROUP_CHOICES + NOT_RESULT and (key in RESULT_KEYS or key.startswith(prefixes))
     }
     relevant = {key: VALUE_ALIASES.get(key, {}).get(value, value) for key, value in relevant.items()}
-    relevant = {key: value for key, value in relevant.items() if ADDED_DEFAULTS.get(key) != value}
-    relevant.update(identity)
+    return {key: value for key, value in relevant.items() if ADDED_DEFAULTS.get(key) != value}
+
+
+def config_hash(params: Mapping[str, Any], identity: Mapping[str, str]) -> str:
+    """A short hash of what determines a run's result: :func:`result_settings` plus ``identity`` (the
+    model's actual content and the library versions; the backend counts by its options and class)."""
+    relevant = result_settings(params) | dict(identity)
     return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]
 
 

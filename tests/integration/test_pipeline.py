@@ -12,13 +12,16 @@ import textwrap
 from pathlib import Path
 
 import mlflow
+import pandas as pd
 import pytest
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
 from resnet8ptq import hardware
 from resnet8ptq.data import CLASS_NAMES
+from resnet8ptq.digests import model_digest, predictions_digest, ranges_digest
 from resnet8ptq.execution import NATIVE, NATIVE_MISMATCH
+from resnet8ptq.spec import TensorRange
 
 pytestmark = pytest.mark.slow
 
@@ -58,6 +61,9 @@ QUANTIZED_TAGS = {
     "version.tf2onnx",
     "data.verified",
     "model.sha256",
+    "digest.model",
+    "digest.calibration_ranges",
+    "digest.predictions",
     "config_hash",
     "model_uri",
     "sqnr_worst_layer",
@@ -146,6 +152,29 @@ def test_quantized_runs_are_complete(sweep: tuple[Path, list[Run]]) -> None:
         assert metrics["model_size_bytes"] < 0.5 * metrics["fp32_size_bytes"]
         assert tags["quantized"] == "true" and tags["backend"] == "onnx"
         assert run.data.params["backend"] == "onnx" and run.data.params["per_channel"] == "False"
+
+
+def test_every_run_carries_digests_of_what_it_made(sweep: tuple[Path, list[Run]]) -> None:
+    """The digests are those of the files the run logged: its model, its predictions, its ranges; the FP32
+    run has its model's and predictions'; three quantizations, three model digests."""
+    workdir, runs = sweep
+    client = MlflowClient(f"sqlite:///{workdir / 'mlflow.db'}")
+    for run in runs:
+        tags, run_id = run.data.tags, run.info.run_id
+        if "quantized" not in tags:
+            continue  # the parent
+        (name,) = [
+            item.path for item in client.list_artifacts(run_id, "model") if item.path.endswith(".onnx")
+        ]
+        assert tags["digest.model"] == model_digest(Path(client.download_artifacts(run_id, name)))
+        predicted = pd.read_csv(client.download_artifacts(run_id, "evaluation/predictions.csv"))["predicted"]
+        assert tags["digest.predictions"] == predictions_digest(predicted.to_numpy())
+        if tags["quantized"] == "true":
+            table = pd.read_csv(client.download_artifacts(run_id, "calibration/calibration_ranges.csv"))
+            ranges = [TensorRange(r.tensor, r.min, r.max) for r in table.itertuples()]
+            assert tags["digest.calibration_ranges"] == ranges_digest(ranges)
+    quantized = [r.data.tags["digest.model"] for r in runs if r.data.tags.get("quantized") == "true"]
+    assert len(set(quantized)) == len(quantized) == 3
 
 
 def test_every_run_records_the_hardware(sweep: tuple[Path, list[Run]]) -> None:

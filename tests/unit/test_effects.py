@@ -425,3 +425,25 @@ def test_a_drifted_chip_reads_its_rounded_cells_the_same_on_every_kernel(monkeyp
         size = torch.einsum("on,bnl->bol", rounded[:, terms].abs(), columns[:, terms].abs())
         assert got.dtype == torch.float32
         assert ((got.double() - exact).abs() <= 2.0**-22 * size).all()  # two float32 additions' rounding
+
+
+def test_per_read_noise_is_drawn_batch_by_batch_and_the_chip_is_not() -> None:
+    """The cells' effects are drawn once per chip: two batches of 2 images read what one batch of 4 reads.
+    Per-read noise is drawn batch after batch from the read stream: another batch size gives each image
+    other draws (DeviceConfig.draws_per_batch says when)."""
+    rng = np.random.default_rng(22)
+    layer = conv_layer(rng)
+    x = centred_input(rng, layer, n=4)
+
+    def in_batches(settings: dict, size: int) -> torch.Tensor:
+        chip = CrossbarArithmetic(Crossbar(rows=64, **settings), seed=3)
+        return torch.cat([chip.accumulate(layer, x[i : i + size]) for i in range(0, 4, size)])
+
+    aged = {"drift": "pcm", "t_inference": 3600.0, "weight_noise": 0.02}
+    assert torch.equal(in_batches(aged, 4), in_batches(aged, 2))
+    assert not torch.equal(
+        in_batches(aged | {"read_noise": 0.01}, 4), in_batches(aged | {"read_noise": 0.01}, 2)
+    )
+    assert DeviceConfig(kind="cim", read_noise=0.01).draws_per_batch
+    assert DeviceConfig(kind="cim", adc_bits=4, adc_noise=0.5).draws_per_batch
+    assert not DeviceConfig(kind="cim", weight_noise=0.02, drift="pcm", t_inference=60.0).draws_per_batch
