@@ -7,6 +7,7 @@ named. The runs may sit in two tracking stores (a colleague's, another machine's
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -53,11 +54,11 @@ class Stage:
     compare: Callable[[Side, Side], str | None]
 
 
-def _mapping(a: dict[str, str], b: dict[str, str], what: str) -> str | None:
+def _mapping(a: dict[str, str], b: dict[str, str], what: str, absent: str = "—") -> str | None:
     changed = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
     if not changed:
         return None
-    shown = ", ".join(f"{k}: {a.get(k, '—')} vs {b.get(k, '—')}" for k in changed[:5])
+    shown = ", ".join(f"{k}: {a.get(k, absent)} vs {b.get(k, absent)}" for k in changed[:5])
     more = f" (and {len(changed) - 5} more)" if len(changed) > 5 else ""
     return f"{len(changed)} {what} differ: {shown}{more}"
 
@@ -75,7 +76,8 @@ def _tagged(prefix: str, what: str) -> Callable[[Side, Side], str | None]:
 
 def configuration(a: Side, b: Side) -> str | None:
     """The settings that decide a result (paths, stores and report settings apart)."""
-    return _mapping(result_settings(a.run.data.params), result_settings(b.run.data.params), "settings")
+    first, second = result_settings(a.run.data.params), result_settings(b.run.data.params)
+    return _mapping(first, second, "settings", absent="default")
 
 
 def calibration_sample(a: Side, b: Side) -> str | None:
@@ -190,6 +192,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--tracking-uri", help="RUN_A's store (default: MLflow's, sqlite:///mlflow.db)")
     parser.add_argument("--tracking-uri-b", help="RUN_B's store (default: RUN_A's)")
     args = parser.parse_args(argv)
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # one line per stage, no bars
     uri_a = args.tracking_uri or mlflow.get_tracking_uri()
     try:
         a, b = side(args.run_a, uri_a), side(args.run_b, args.tracking_uri_b or uri_a)

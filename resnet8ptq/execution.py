@@ -1,7 +1,8 @@
 """Reference semantics vs what the runtime's kernels do: one rule for every backend.
 
 Every quantized model has a *reference* form (its exact quantize/dequantize semantics, or for an integer-only
-model the library's reference integer kernels; the same on every CPU up to float rounding) and a *runtime*
+model the library's reference integer kernels, the same on every CPU; a float reference pass moves with the
+CPU's float rounding) and a *runtime*
 form (what the library executes when deployed on this CPU). When the
 runtime runs integer kernels, its accuracy on the test set is compared with the reference accuracy:
 

@@ -183,9 +183,13 @@ def execution_section(table: pd.DataFrame) -> list[str]:
     section = [
         "## Reference and native execution",
         "`accuracy` is the reference semantics (the quantized model's exact arithmetic: its "
-        "quantize/dequantize semantics, or for an integer-only TFLite model LiteRT's reference kernels; the "
-        "same on every CPU). Where the runtime runs integer kernels, their accuracy on this "
-        "CPU is measured too: `native` when it matches the reference within the tolerance, "
+        "quantize/dequantize semantics, or for an integer-only TFLite model LiteRT's reference kernels). "
+        "LiteRT's reference kernels and the integer device compute in integers: the same on every CPU for "
+        "the same model bytes. ONNX Runtime's and PyTorch's reference passes run the CPU's float kernels, "
+        "whose rounding can move a few predictions between CPU kinds, and every toolchain calibrates on "
+        "float kernels, so the model itself can differ between machines: compare the runs' `digest.*` tags "
+        "(`python -m resnet8ptq.diff RUN_A RUN_B`). Where the runtime runs integer kernels, their accuracy "
+        "on this CPU is measured too: `native` when it matches the reference within the tolerance, "
         "`native-mismatch` when it does not.",
     ]
     kernels = quantized[quantized["kernel_gap_points"].notna()]
