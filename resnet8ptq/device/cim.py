@@ -187,7 +187,7 @@ class CrossbarArithmetic(Arithmetic):
         cells); made once per layer, on ``device``. Integer cells are read in float32 while that bound stays
         below 2^24, else in float64; cells that are not integers (a noisy chip's), as the fixed-point digits
         of :func:`cell_digits` stacked on the outputs before the weight slices (D·Sw·O outputs), each an exact
-        float32 convolution that :meth:`read` adds up in float64."""
+        float32 convolution whose readings :meth:`read` adds up in a fixed order."""
         if layer.name not in self._tiled:
             c = self.crossbar
             in_bits, _ = value_bits(*self.input_window(layer))
