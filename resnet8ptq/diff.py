@@ -127,8 +127,9 @@ def ranges_detail(a: Side, b: Side) -> str | None:
     worst = moved.loc[change.idxmax()]
     return (
         f"{len(moved)} of {len(both)} tensors' ranges differ; most: {worst['tensor']} "
-        f"[{worst['min_a']:.6g}, {worst['max_a']:.6g}] vs [{worst['min_b']:.6g}, {worst['max_b']:.6g}]"
-        + (f"; {unmatched} tensors in one run only" if unmatched else "")
+        f"[{float(worst['min_a'])!r}, {float(worst['max_a'])!r}] vs "
+        f"[{float(worst['min_b'])!r}, {float(worst['max_b'])!r}] "
+        f"({change.max():.2g} of its span)" + (f"; {unmatched} tensors in one run only" if unmatched else "")
     )
 
 
@@ -173,6 +174,7 @@ STAGES = (
 
 def differences(a: Side, b: Side) -> list[tuple[str, str | None]]:
     """Every stage with what differs in it (``None``: nothing)."""
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # no bars between the lines
     return [(stage.name, stage.compare(a, b)) for stage in STAGES]
 
 
@@ -192,7 +194,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--tracking-uri", help="RUN_A's store (default: MLflow's, sqlite:///mlflow.db)")
     parser.add_argument("--tracking-uri-b", help="RUN_B's store (default: RUN_A's)")
     args = parser.parse_args(argv)
-    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # one line per stage, no bars
     uri_a = args.tracking_uri or mlflow.get_tracking_uri()
     try:
         a, b = side(args.run_a, uri_a), side(args.run_b, args.tracking_uri_b or uri_a)

@@ -77,7 +77,9 @@ def test_a_nudged_range_is_the_first_difference(two_stores, capsys: pytest.Captu
     out = capsys.readouterr().out
     first = out.splitlines()[-1]
     assert first.startswith("first difference: calibration ranges")
-    assert "1 of 3 tensors' ranges differ; most: conv1 [-3.5, 6.25] vs [-3.5, 6.3]" in first
+    assert (
+        "1 of 3 tensors' ranges differ; most: conv1 [-3.5, 6.25] vs [-3.5, 6.3] (0.0051 of its span)" in first
+    )
     assert "3 of 100 images predicted differently (most in cat 2, airplane 1); correct 100 vs 97" in out
     assert "configuration        same" in out  # the cache folder differs, and decides nothing
 

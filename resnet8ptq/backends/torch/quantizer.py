@@ -226,13 +226,19 @@ def activation_observers(prepared: fx.GraphModule, onnx_path: Path) -> dict[str,
 
 
 def calibrate(prepared: fx.GraphModule, images: np.ndarray, calib: CalibConfig) -> None:
-    """Run the calibration batches (``calibration.batches`` order) through the observed model."""
+    """Run the calibration batches (``calibration.batches`` order) through the observed model, in float64:
+    the observers see each activation rounded once to float32 from a value whose float64 error is far below
+    float32's step, so the ranges do not depend on the CPU's float32 kernels (their order of summation)."""
     from tqdm import tqdm
 
     total = math.ceil(len(images) / calib.batch_size)
-    with torch.no_grad():
-        for batch in tqdm(batches(images, calib.batch_size), total=total, desc="calibrate", unit="batch"):
-            prepared(torch.from_numpy(np.ascontiguousarray(batch, dtype=np.float32)))
+    prepared.double()
+    try:
+        with torch.no_grad():
+            for batch in tqdm(batches(images, calib.batch_size), total=total, desc="calibrate", unit="batch"):
+                prepared(torch.from_numpy(np.ascontiguousarray(batch, dtype=np.float64)))
+    finally:
+        prepared.float()  # the float32 weights back as they were (float32 -> float64 -> float32 is exact)
 
 
 def fix_learned_ranges(observers: dict[str, OrtActivationObserver], spec: QuantSpec) -> int:
