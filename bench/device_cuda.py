@@ -136,8 +136,7 @@ def run(bundle: Path, batch_size: int, out: Path | None, limit: int | None) -> N
     print(f"# GPU: {gpu}; CPU: {cpu}, {torch.get_num_threads()} threads; batch {batch_size} images")
     rows = []
     for key, (device, count) in DEVICES.items():
-        if not device.draws_per_batch:  # per-read draws: the batches of `prepare`, to compare the bits
-            device = dataclasses.replace(device, batch_size=batch_size)
+        device = dataclasses.replace(device, batch_size=batch_size)
         count = min(count, limit or count)
         expected = {
             "steps": saved["cpu"][key]["steps"],

@@ -41,13 +41,9 @@ import torch
 
 from resnet8ptq.device.adc import Geometry, LayerSteps, PartialSumProfile
 from resnet8ptq.device.config import Crossbar
-from resnet8ptq.device.effects import STEPS, Effect, Site, Tile, configured
+from resnet8ptq.device.effects import STEPS, Effect, ReadStream, Site, Tile, configured
 from resnet8ptq.device.executor import EXACT_FLOAT32, Arithmetic, integer_conv2d, zero_pad
 from resnet8ptq.device.graph import Conv
-
-READ_STREAM = 2**32
-"""The read and convert effects' generator is seeded with seed + READ_STREAM: a stream apart from the chip's
-cells (seeds 0 .. noise_seeds - 1), so that a read effect leaves the programmed chip as it was."""
 
 
 def tile_sizes(terms: int, rows: int | None) -> list[int]:
@@ -103,8 +99,8 @@ class CrossbarArithmetic(Arithmetic):
     :func:`resnet8ptq.device.evaluate.adc_steps`; with ``profile``, every partial sum is added to it
     (calibration, on the ideal crossbar). ``effects``: the non-idealities,
     by default those the crossbar's settings switch on. ``seed`` draws the chip: the cell effects, once per
-    layer at its first use (``torch.Generator().manual_seed(seed)``), and, from a generator of their own
-    (seed + :data:`READ_STREAM`), the read and convert effects, per batch."""
+    layer at its first use (``torch.Generator().manual_seed(seed)``), and, from one generator per image of
+    the run (:class:`~.effects.ReadStream`, :meth:`start_batch`), the read and convert effects."""
 
     def __init__(
         self,
@@ -124,7 +120,7 @@ class CrossbarArithmetic(Arithmetic):
         self.effects = {step: [effect for effect in chosen if effect.step == step] for step in STEPS}
         self._weights: dict[str, list[tuple[torch.Tensor, int]]] = {}
         self._generator = torch.Generator().manual_seed(seed)
-        self._read_generator = torch.Generator().manual_seed(seed + READ_STREAM)
+        self._stream: ReadStream | None = None  # the batch's read draws, one generator per image
         self._tiled: dict[str, tuple[list[tuple[slice, torch.Tensor]], float]] = {}
         self._significance: dict[str, torch.Tensor] = {}  # noisy cells: each fixed-point digit's weight
         self._cells_of_tile: dict[str, list[torch.Tensor]] = {}  # per tile: the cells as read, float64
@@ -132,6 +128,11 @@ class CrossbarArithmetic(Arithmetic):
         self._place_of_row: dict[str, list[torch.Tensor]] = {}  # per tile: each row's place along it
         self._compensation: dict[str, float] = {}  # drift_compensation: the layer's digital scale
         self._adcs: dict[str, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = {}
+
+    def start_batch(self, first_image: int, images: int) -> None:
+        """The read draws of the run's images ``first_image`` .. on: one generator per image."""
+        if self.effects["read"] or self.effects["convert"]:
+            self._stream = ReadStream(self.seed, first_image, images)
 
     @property
     def analog_readings(self) -> bool:
@@ -240,6 +241,8 @@ class CrossbarArithmetic(Arithmetic):
         digits, x_shifts = zip(*slices(x, c.dac_bits, in_bits, in_signed), strict=True)
         w_shifts = [shift for _, shift in self.weight_slices(layer)]
         tiles, largest = self.tiled_weights(layer, x.device)
+        if self._stream is None or self._stream.images != n:
+            self.start_batch(0, n)  # not run by the executor: the images count from 0
         dtype = tiles[0][1].dtype
         # The input slices stacked on the batch; each tile one convolution over the channels its rows touch,
         # with every weight slice stacked on the outputs: (Sx·N, Sw·O, H', W') partial sums per tile.
@@ -318,7 +321,7 @@ class CrossbarArithmetic(Arithmetic):
             array = Tile(x, scale - 1, cells, place, int(rows.sum()), layer.stride)
         site = Site(self.seed, layer.name, tile, input_energy=energy, array=array)
         for effect in self.effects["read"]:
-            partial = effect.apply(partial, self.crossbar, self._read_generator, site)
+            partial = effect.apply(partial, self.crossbar, self._stream, site)
         return partial
 
     def convert(self, layer: Conv, tile: int, partial: torch.Tensor) -> torch.Tensor:
@@ -330,7 +333,7 @@ class CrossbarArithmetic(Arithmetic):
             )
             site = Site(self.seed, layer.name, tile, adc_step=step, code_min=low, code_max=high)
             for effect in self.effects["convert"]:
-                partial = effect.apply(partial, self.crossbar, self._read_generator, site)
+                partial = effect.apply(partial, self.crossbar, self._stream, site)
         return self.adc(layer, tile, partial)
 
     def adc_bound(self, layer: Conv, largest: float) -> tuple[float, bool]:

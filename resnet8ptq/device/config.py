@@ -97,7 +97,7 @@ class DeviceConfig(Crossbar):
 
     kind: str = "none"
     noise_seeds: int = 5  # noise draws a noisy device is evaluated over (mean, std, 95% interval)
-    batch_size: int = 500  # images per step of the executor (memory; with per-read noise, its draws too)
+    batch_size: int = 500  # images per step of the executor (memory, not results)
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -202,13 +202,6 @@ class DeviceConfig(Crossbar):
     def noisy(self) -> bool:
         """A random effect is on (a setting with :data:`DRAWN` metadata away from its default)."""
         return self.kind == "cim" and any(f.metadata.get("draws") and _changed(self, f) for f in fields(self))
-
-    @property
-    def draws_per_batch(self) -> bool:
-        """Per-read noise is on (``read_noise``, ``adc_noise``): drawn batch after batch from the read
-        stream, so ``batch_size`` decides which draws each image gets (another realization of the same
-        noise, not another chip)."""
-        return self.kind == "cim" and bool(self.read_noise or self.adc_noise)
 
     @property
     def seeds(self) -> int:

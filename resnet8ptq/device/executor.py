@@ -39,6 +39,10 @@ class Arithmetic:
         integer-valued float tensor (N, O, H', W'). ``x`` is x - x_zp, integer-valued float32 (N, C, H, W)."""
         raise NotImplementedError
 
+    def start_batch(self, first_image: int, images: int) -> None:
+        """The next layers' inputs are the run's images ``first_image`` .. ``first_image + images - 1`` (a
+        device whose reads draw noise draws it per image; others ignore it)."""
+
 
 def exact_dtype(weight: np.ndarray, input_bound: int, extra: int = 0) -> torch.dtype:
     """float32 when no partial sum of any output can reach 2^24 (Σ|w| · max|x| + ``extra`` below it, so every
@@ -311,6 +315,7 @@ def execute(
     with torch.inference_mode():
         for start in range(0, len(images), batch_size):
             tensors = {model.input: quantize_input(model, images[start : start + batch_size]).to(device)}
+            arithmetic.start_batch(start, len(tensors[model.input]))
             for layer in model.layers:
                 tensors[layer.output] = run_layer(layer, tensors, arithmetic)
             keep = trace_images - start

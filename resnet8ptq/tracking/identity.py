@@ -38,9 +38,9 @@ RESULT_KEYS = (
     "device",
 )
 NOT_RESULT = ("device.batch_size", "algo.reuse")
-"""Keys under RESULT_KEYS that change how a run computes, not what it gives (memory per step, though with
-per-read noise the batches also decide which draws each image gets: another realization of the same noise;
-whether the algorithms' output may come from an earlier run's)."""
+"""Keys under RESULT_KEYS that change how a run computes, not what it gives (memory per step: a noisy
+crossbar draws its read noise per image, whatever the batch; whether the algorithms' output may come from an
+earlier run's)."""
 
 
 GROUP_CHOICES = ("backend", "dtype", "calib", "algo", "device")

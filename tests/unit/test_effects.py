@@ -16,7 +16,7 @@ import torch
 
 from resnet8ptq.device import cim, effects
 from resnet8ptq.device.adc import Geometry, LayerSteps
-from resnet8ptq.device.cim import CELL_FRACTION_BITS, READ_STREAM, CrossbarArithmetic, cell_digits
+from resnet8ptq.device.cim import CELL_FRACTION_BITS, CrossbarArithmetic, cell_digits
 from resnet8ptq.device.config import Crossbar, DeviceConfig
 from resnet8ptq.device.effects import (
     AdcErrors,
@@ -28,7 +28,7 @@ from resnet8ptq.device.effects import (
     StuckCells,
     charge_loss,
 )
-from resnet8ptq.device.effects.base import Site
+from resnet8ptq.device.effects.base import ReadStream, Site, _seeded
 from resnet8ptq.device.executor import Ideal, integer_conv2d
 from tests.unit.test_device import centred_input, conv_layer
 
@@ -52,16 +52,14 @@ class AddToCells(Effect):
 
 @dataclass(frozen=True)
 class ReadOffset(Effect):
-    """A toy read effect: every partial sum + one standard normal draw per tensor, recorded."""
+    """A toy read effect: every partial sum + one standard normal draw from the read stream, recorded."""
 
-    drawn: list[float] = field(default_factory=list, compare=False)
+    drawn: list[torch.Tensor] = field(default_factory=list, compare=False)
     step: ClassVar[str] = "read"
     draws: ClassVar[bool] = True
 
-    def apply(
-        self, values: torch.Tensor, crossbar: Crossbar, generator: torch.Generator, site
-    ) -> torch.Tensor:
-        draw = float(torch.randn(1, generator=generator, dtype=torch.float64))
+    def apply(self, values: torch.Tensor, crossbar: Crossbar, generator: ReadStream, site) -> torch.Tensor:
+        draw = generator.randn(values.shape, torch.float64)
         self.drawn.append(draw)
         return values + draw
 
@@ -151,10 +149,12 @@ def test_a_read_effect_draws_from_its_own_stream_and_leaves_the_chip_as_programm
         assert torch.equal(cells, same)  # the read stream did not move the chip's draws
     tiles = 3  # 144 terms at 64 rows
     assert len(read_effect.drawn) == tiles
-    expected = torch.randn(
-        tiles, generator=torch.Generator().manual_seed(3 + READ_STREAM), dtype=torch.float64
-    )
-    assert read_effect.drawn == expected.tolist()
+    for image in range(len(x)):  # each image's own generator, drawn tile after tile
+        generator = _seeded(f"3/read/{image}")
+        for draw in read_effect.drawn:
+            assert torch.equal(
+                draw[image], torch.randn(draw.shape[1:], generator=generator, dtype=torch.float64)
+            )
     # An ideal ADC rounds each tile's partial sums: the offset moves them by its rounding, tile by tile.
     assert not torch.equal(acc, plain)
 
@@ -233,10 +233,8 @@ def test_read_noise_adds_sigma_times_the_cell_range_times_the_inputs_norm() -> N
     that needs it Σ x² over exactly the rows of its tile."""
     values = torch.tensor([[[[10.0]], [[-4.0]]]], dtype=torch.float64)  # (1, 2, 1, 1)
     energy = torch.tensor([[[[9.0]]]], dtype=torch.float64)
-    noisy = ReadNoise(0.01).apply(
-        values, Crossbar(), torch.Generator().manual_seed(2), Site(0, "c", 0, energy)
-    )
-    normal = torch.randn((1, 2, 1, 1), generator=torch.Generator().manual_seed(2), dtype=torch.float32)
+    noisy = ReadNoise(0.01).apply(values, Crossbar(), ReadStream(2, 5, 1), Site(0, "c", 0, energy))
+    normal = torch.randn((1, 2, 1, 1), generator=_seeded("2/read/5"), dtype=torch.float32)
     assert torch.allclose(noisy, values + 0.01 * 255 * 3 * normal.double(), rtol=1e-15, atol=0)
     rng = np.random.default_rng(14)
     layer = conv_layer(rng)
@@ -261,9 +259,7 @@ class EnergyRecorder(Effect):
     step: ClassVar[str] = "read"
     needs_input_energy: ClassVar[bool] = True
 
-    def apply(
-        self, values: torch.Tensor, crossbar: Crossbar, generator: torch.Generator, site
-    ) -> torch.Tensor:
+    def apply(self, values: torch.Tensor, crossbar: Crossbar, generator: ReadStream, site) -> torch.Tensor:
         self.energies.append(site.input_energy)
         return values
 
@@ -276,7 +272,7 @@ def test_adc_errors_are_fixed_per_adc_and_chip_and_act_before_the_adc_rounds() -
     low, high = torch.full_like(step, -8.0), torch.full_like(step, 7.0)
     site = Site(5, "conv", 1, adc_step=step, code_min=low, code_max=high)
     effect = AdcErrors(offset=0.5, gain=0.02, inl=0.3, noise=0.1)
-    first = effect.apply(values, Crossbar(adc_bits=4), torch.Generator().manual_seed(1), site)
+    first = effect.apply(values, Crossbar(adc_bits=4), ReadStream(1, 0, 1), site)
     chip = site.chip_generator("adc_errors")
     offset, gain = (
         0.5 * torch.randn(3, generator=chip, dtype=torch.float64),
@@ -284,14 +280,16 @@ def test_adc_errors_are_fixed_per_adc_and_chip_and_act_before_the_adc_rounds() -
     )
     lsb = (values / step) * (1 + gain.reshape(1, 3, 1, 1)) + offset.reshape(1, 3, 1, 1)
     place = ((lsb + 8) / 15).clamp(0, 1)
-    noise = torch.randn((1, 3, 1, 1), generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    noise = torch.randn((1, 3, 1, 1), generator=_seeded("1/read/0"), dtype=torch.float64)
     expected = (lsb + 0.3 * 4 * place * (1 - place) + 0.1 * noise) * step
     assert torch.allclose(first, expected, rtol=1e-14, atol=0)
-    again = effect.apply(values, Crossbar(adc_bits=4), torch.Generator().manual_seed(99), site)
+    again = effect.apply(values, Crossbar(adc_bits=4), ReadStream(1, 7, 1), site)  # another image
     still = AdcErrors(offset=0.5, gain=0.02, inl=0.0, noise=0.0)
-    fixed = [still.apply(values, Crossbar(), torch.Generator().manual_seed(s), site) for s in (1, 2)]
+    fixed = [still.apply(values, Crossbar(), ReadStream(1, image, 1), site) for image in (1, 2)]
     assert not torch.equal(first, again) and torch.equal(*fixed)  # the noise is per read, the rest fixed
-    other_chip = still.apply(values, Crossbar(), torch.Generator(), Site(6, "conv", 1, None, step, low, high))
+    other_chip = still.apply(
+        values, Crossbar(), ReadStream(1, 1, 1), Site(6, "conv", 1, None, step, low, high)
+    )
     assert not torch.equal(other_chip, fixed[0])
 
 
@@ -427,23 +425,22 @@ def test_a_drifted_chip_reads_its_rounded_cells_the_same_on_every_kernel(monkeyp
         assert ((got.double() - exact).abs() <= 2.0**-22 * size).all()  # two float32 additions' rounding
 
 
-def test_per_read_noise_is_drawn_batch_by_batch_and_the_chip_is_not() -> None:
-    """The cells' effects are drawn once per chip: two batches of 2 images read what one batch of 4 reads.
-    Per-read noise is drawn batch after batch from the read stream: another batch size gives each image
-    other draws (DeviceConfig.draws_per_batch says when)."""
+def test_an_image_gets_the_same_draws_in_any_batch() -> None:
+    """The cells' effects are drawn once per chip, the read noise per image of the run: two batches of 2
+    images read what one batch of 4 reads, with read noise too."""
     rng = np.random.default_rng(22)
     layer = conv_layer(rng)
     x = centred_input(rng, layer, n=4)
 
     def in_batches(settings: dict, size: int) -> torch.Tensor:
         chip = CrossbarArithmetic(Crossbar(rows=64, **settings), seed=3)
-        return torch.cat([chip.accumulate(layer, x[i : i + size]) for i in range(0, 4, size)])
+        parts = []
+        for first in range(0, 4, size):
+            chip.start_batch(first, size)
+            parts.append(chip.accumulate(layer, x[first : first + size]))
+        return torch.cat(parts)
 
-    aged = {"drift": "pcm", "t_inference": 3600.0, "weight_noise": 0.02}
-    assert torch.equal(in_batches(aged, 4), in_batches(aged, 2))
-    assert not torch.equal(
-        in_batches(aged | {"read_noise": 0.01}, 4), in_batches(aged | {"read_noise": 0.01}, 2)
-    )
-    assert DeviceConfig(kind="cim", read_noise=0.01).draws_per_batch
-    assert DeviceConfig(kind="cim", adc_bits=4, adc_noise=0.5).draws_per_batch
-    assert not DeviceConfig(kind="cim", weight_noise=0.02, drift="pcm", t_inference=60.0).draws_per_batch
+    aged = {"drift": "pcm", "t_inference": 3600.0, "weight_noise": 0.02, "read_noise": 0.01}
+    whole = in_batches(aged, 4)
+    assert torch.equal(whole, in_batches(aged, 2)) and torch.equal(whole, in_batches(aged, 1))
+    assert not torch.equal(whole, in_batches(aged | {"read_noise": 0.02}, 4))  # the noise is there

@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from resnet8ptq.device.effects.adc_errors import AdcErrors
-from resnet8ptq.device.effects.base import CELL_STEPS, STEPS, Effect, Site, Tile
+from resnet8ptq.device.effects.base import CELL_STEPS, STEPS, Effect, ReadStream, Site, Tile
 from resnet8ptq.device.effects.charge_loss import ChargeLoss
 from resnet8ptq.device.effects.drift import Drift
 from resnet8ptq.device.effects.ir_drop import IrDrop
@@ -43,6 +43,7 @@ __all__ = [
     "IrDrop",
     "ProgrammingNoise",
     "ReadNoise",
+    "ReadStream",
     "Site",
     "StuckCells",
     "Tile",

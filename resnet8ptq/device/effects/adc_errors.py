@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
-from resnet8ptq.device.effects.base import Effect, Site
+from resnet8ptq.device.effects.base import Effect, ReadStream, Site
 
 if TYPE_CHECKING:
     from resnet8ptq.device.config import Crossbar
@@ -44,11 +44,11 @@ class AdcErrors(Effect):
         return cls(*errors) if any(errors) else None
 
     def apply(
-        self, values: torch.Tensor, crossbar: Crossbar, generator: torch.Generator, site: Site
+        self, values: torch.Tensor, crossbar: Crossbar, generator: ReadStream, site: Site
     ) -> torch.Tensor:
         """Offsets then gain errors: two ``torch.randn`` of the tile's columns from the site's chip generator
         (:meth:`Site.chip_generator`, the same in every batch); the input noise: one ``torch.randn`` of the
-        partial sums' shape from the read stream."""
+        partial sums' shape from each image's read stream."""
         assert site.adc_step is not None and site.code_min is not None and site.code_max is not None
         step = site.adc_step.to(torch.float64)
         lsb = values.to(torch.float64) / step
@@ -62,6 +62,6 @@ class AdcErrors(Effect):
             place = ((lsb - low) / (high - low)).clamp(0, 1)
             lsb = lsb + self.inl * 4 * place * (1 - place)
         if self.noise:
-            normal = torch.randn(values.shape, generator=generator, dtype=torch.float64).to(lsb.device)
+            normal = generator.randn(values.shape, torch.float64).to(lsb.device)
             lsb = lsb + self.noise * normal
         return lsb * step

@@ -61,8 +61,29 @@ class Site:
         """A generator for what ``effect`` draws once per chip at this site (an ADC's offset, say): seeded
         from the chip's seed, the layer, the tile and the effect's name, so that the same chip draws the same
         values in every batch and on every machine."""
-        key = f"{self.seed}/{self.layer}/{self.tile}/{effect}".encode()
-        return torch.Generator().manual_seed(int.from_bytes(hashlib.sha256(key).digest()[:8], "little"))
+        return _seeded(f"{self.seed}/{self.layer}/{self.tile}/{effect}")
+
+
+class ReadStream:
+    """The per-read draws of one batch: each image of the run draws from a generator of its own (seeded from
+    the chip's seed and the image's index in the run), in the order its reads come, so that an image gets the
+    same draws whatever batch it is in and whatever the batch size."""
+
+    def __init__(self, seed: int, first_image: int, images: int) -> None:
+        self.images = images
+        self._generators = [_seeded(f"{seed}/read/{first_image + i}") for i in range(images)]
+
+    def randn(self, shape: torch.Size | tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """Standard normal draws of ``shape`` (S·N, ...): the S slices of image i are rows i, N + i, ...,
+        drawn from image i's generator."""
+        slices = shape[0] // self.images
+        draws = [torch.randn((slices, *shape[1:]), generator=g, dtype=dtype) for g in self._generators]
+        return torch.stack(draws, dim=1).reshape(shape)
+
+
+def _seeded(key: str) -> torch.Generator:
+    """A generator seeded from ``key``'s SHA-256 (the same on every machine)."""
+    return torch.Generator().manual_seed(int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "little"))
 
 
 class Effect:
@@ -79,10 +100,10 @@ class Effect:
         raise NotImplementedError
 
     def apply(
-        self, values: torch.Tensor, crossbar: Crossbar, generator: torch.Generator, site: Site
+        self, values: torch.Tensor, crossbar: Crossbar, generator: torch.Generator | ReadStream, site: Site
     ) -> torch.Tensor:
         """``values`` after the effect: a weight slice's cell levels (O, K) in float64 (``program``,
-        ``perturb``; ``generator``: the chip's), a tile's partial sums (``read``) or the partial sums at its
-        ADCs' input, before they round (``convert``), (Sx·N, Sw·O, H', W') (``generator``: the read stream,
-        drawn per batch)."""
+        ``perturb``; ``generator``: the chip's ``torch.Generator``), a tile's partial sums (``read``) or the
+        partial sums at its ADCs' input, before they round (``convert``), (Sx·N, Sw·O, H', W')
+        (``generator``: the batch's :class:`ReadStream`, one generator per image)."""
         raise NotImplementedError

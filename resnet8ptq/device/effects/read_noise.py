@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
-from resnet8ptq.device.effects.base import Effect, Site
+from resnet8ptq.device.effects.base import Effect, ReadStream, Site
 
 if TYPE_CHECKING:
     from resnet8ptq.device.config import Crossbar
@@ -31,13 +31,13 @@ class ReadNoise(Effect):
         return cls(crossbar.read_noise) if crossbar.read_noise else None
 
     def apply(
-        self, values: torch.Tensor, crossbar: Crossbar, generator: torch.Generator, site: Site
+        self, values: torch.Tensor, crossbar: Crossbar, generator: ReadStream, site: Site
     ) -> torch.Tensor:
-        """One ``torch.randn`` of the partial sums' shape (float32, the read stream), in the type of the
+        """A standard normal draw per partial sum (float32, each image's read stream), in the type of the
         partial sums: float32 readings round to 24 significant bits, elementwise and so the same on every
         kernel, far below the noise that makes them non-integers."""
         assert site.input_energy is not None  # the crossbar computes it: needs_input_energy
-        noise = torch.randn(values.shape, generator=generator, dtype=torch.float32)
+        noise = generator.randn(values.shape, torch.float32)
         noise = noise.to(device=values.device, dtype=values.dtype)
         scale = site.input_energy.to(values.dtype).sqrt_().mul_(self.sigma * (2**crossbar.bits_per_cell - 1))
         return noise.mul_(scale).add_(values)
