@@ -21,8 +21,8 @@ from mlflow.tracking import MlflowClient
 
 from resnet8ptq.data import CLASS_NAMES
 from resnet8ptq.errors import ReportError
-from resnet8ptq.report.cli import _check_store
 from resnet8ptq.tracking.identity import result_settings
+from resnet8ptq.tracking.store import check_store_exists
 
 EXIT_SAME, EXIT_DIFFERENT, EXIT_MISSING = 0, 1, 2
 
@@ -179,7 +179,7 @@ def differences(a: Side, b: Side) -> list[tuple[str, str | None]]:
 
 
 def side(run_id: str, uri: str) -> Side:
-    _check_store(uri)
+    check_store_exists(uri)
     client = MlflowClient(uri)
     try:
         return Side(client, client.get_run(run_id))

@@ -16,20 +16,10 @@ from resnet8ptq.config import MlflowConfig, ReportConfig
 from resnet8ptq.errors import ReportError
 from resnet8ptq.report.runs import latest_sweep_run
 from resnet8ptq.report.writer import write_experiment_report, write_report
+from resnet8ptq.tracking.store import check_store_exists
 
 EXIT_NOTHING_TO_REPORT = 3
 DEFAULT_EXPERIMENT = MlflowConfig.experiment
-
-
-def _check_store(uri: str) -> None:
-    """A local sqlite store must exist already (MLflow would silently create an empty one)."""
-    if uri.startswith("sqlite:///"):
-        path = Path(uri.removeprefix("sqlite:///"))
-        if not path.is_file():
-            raise ReportError(
-                f"No MLflow store at {path.resolve()}: run from the directory holding mlflow.db, "
-                f"or pass --tracking-uri."
-            )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -58,7 +48,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     uri = args.tracking_uri or mlflow.get_tracking_uri()
     try:
-        _check_store(uri)
+        check_store_exists(uri)
         if args.experiment:
             path = write_experiment_report(args.experiment, args.out, args.max_drop, uri)
         else:

@@ -18,7 +18,7 @@ from mlflow.entities import Experiment
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig
 
-from resnet8ptq.errors import TrackingError
+from resnet8ptq.errors import ReportError, TrackingError
 
 # The experiment's kind, for MLflow clients that read it. MLflow 3.17.2's UI does not: its GenAI/Model
 # training switch decides the view (see runs_page), whatever the tag says.
@@ -79,6 +79,16 @@ def sqlite_path(uri: str) -> Path | None:
     if not uri.startswith("sqlite:///"):
         return None
     return Path(uri.removeprefix("sqlite:///").split("?")[0]).resolve()
+
+
+def check_store_exists(uri: str) -> None:
+    """A local sqlite store must exist already for a reader (MLflow would silently create an empty one);
+    raises :class:`~resnet8ptq.errors.ReportError` naming the missing file."""
+    path = sqlite_path(uri)
+    if path is not None and not path.is_file():
+        raise ReportError(
+            f"No MLflow store at {path}: run from the directory holding mlflow.db, or pass --tracking-uri."
+        )
 
 
 def seed(database: Path, cache_dir: Path) -> bool:
