@@ -3,9 +3,10 @@
 Pick runs by the tags the MLflow UI shows; look at one quantized run layer by layer (its stored integer
 weights, dequantized against the FP32 weights, per-channel scales and zero points, the share of weights on
 the grid's ends or clipped, the layer's SQNR from the run's layer analysis), for the ONNX Runtime, PyTorch
-and TFLite models alike; put two runs side by side (per-class accuracy, confusion matrices, the test images
-one gets right and the other wrong); and map a sweep's accuracy by bit widths and device settings, each
-cell linking to its run. It reads what the runs logged and evaluates nothing itself.
+and TFLite models alike; put two runs side by side (where they part, stage by stage as `python -m
+resnet8ptq.diff`; per-class accuracy, confusion matrices, the test images one gets right and the other
+wrong); and map a sweep's accuracy by bit widths and device settings, each cell linking to its run. It
+reads what the runs logged and evaluates nothing itself.
 
     make explore              # marimo run on $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db
     marimo run explore/runs.py -- --tracking-uri postgresql://user@host/db [--experiment NAME] [--ui URL]
@@ -310,6 +311,13 @@ def _(ex, go, make_subplots, mo, np, pick_a, pick_b, root, source_pick, thumbs, 
                     f"{100 * accuracy[1]:.2f} % (B - A {100 * (accuracy[1] - accuracy[0]):+.2f} points)."
                 )
             )
+        where = ex.where_runs_part(uri, a, b)
+        parted = where[where["difference"] != "same"]
+        first = "no difference" if parted.empty else f"first difference: {parted.iloc[0].stage}"
+        parts.append(
+            mo.md(f"**Where the runs part** (as `python -m resnet8ptq.diff A B`, stage by stage): {first}.")
+        )
+        parts.append(mo.ui.table(where, selection=None, pagination=False, show_column_summaries=False))
         classes = [ex.class_accuracy(r.data.metrics) for r in (run_a, run_b)]
         bars = go.Figure(
             [

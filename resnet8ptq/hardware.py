@@ -9,6 +9,8 @@ from __future__ import annotations
 import functools
 import os
 import platform
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -90,6 +92,20 @@ def usable_cores() -> int:
     else every core. Libraries that size their thread pools by the machine's cores (ONNX Runtime does) would
     otherwise put more threads on them than there are cores."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+@contextmanager
+def torch_threads(count: int) -> Iterator[None]:
+    """Run torch on ``count`` intra-op threads, then restore the count: what is learned or measured in it
+    must not depend on `threads` (a sum over another number of threads adds in another order)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 @functools.cache

@@ -6,8 +6,6 @@ search (:mod:`resnet8ptq.search.budget`) measures each layer's sensitivity with.
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,18 +20,6 @@ if TYPE_CHECKING:
     import onnx
 
 CHUNK = 250  # images per forward pass when a block's outputs are computed without gradients
-
-
-@contextmanager
-def torch_threads(count: int) -> Iterator[None]:
-    """Run torch on ``count`` intra-op threads, then restore the count: what is learned or measured here must
-    not depend on `threads` (a sum over another number of threads adds in another order)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(count)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 @dataclass(frozen=True)

@@ -35,12 +35,12 @@ import torch
 import torch.nn.functional as F
 
 from resnet8ptq.algorithms._rounding import REGULARIZATION, SoftRounding, regularization
+from resnet8ptq.hardware import torch_threads
 from resnet8ptq.simulation import (
     Block,
     LearnedStep,
     Simulation,
     stored_activations,
-    torch_threads,
     weighted_module,
 )
 from resnet8ptq.weight_grid import WeightGrid

@@ -59,6 +59,7 @@ from resnet8ptq.explore.store import (
     thumbnail,
     tracking_uri,
     ui_base,
+    where_runs_part,
 )
 
 __all__ = [
@@ -112,4 +113,5 @@ __all__ = [
     "ui_base",
     "varying",
     "weight_range",
+    "where_runs_part",
 ]

@@ -186,8 +186,10 @@ def execution_section(table: pd.DataFrame) -> list[str]:
         "quantize/dequantize semantics, or for an integer-only TFLite model LiteRT's reference kernels). "
         "LiteRT's reference kernels and the integer device compute in integers: the same on every CPU for "
         "the same model bytes. ONNX Runtime's and PyTorch's reference passes run the CPU's float kernels, "
-        "whose rounding can move a few predictions between CPU kinds, and every toolchain calibrates on "
-        "float kernels, so the model itself can differ between machines: compare the runs' `digest.*` tags "
+        "whose rounding can move a few predictions between CPU kinds. ONNX Runtime and PyTorch calibrate "
+        "in float64, so their ranges and models do not follow the float kernels' order of summation; "
+        "TFLite's converter and the learned algorithms (AdaRound, BRECQ, QDrop) compute in float32, so "
+        "their models can differ between machines: compare the runs' `digest.*` tags "
         "(`python -m resnet8ptq.diff RUN_A RUN_B`). Where the runtime runs integer kernels, their accuracy "
         "on this CPU is measured too: `native` when it matches the reference within the tolerance, "
         "`native-mismatch` when it does not.",

@@ -225,7 +225,7 @@ def cached_sensitivity(
     if path.exists():
         log.info("Sensitivity: reusing %s", path)
         return pd.read_csv(path)
-    from resnet8ptq.simulation import torch_threads
+    from resnet8ptq.hardware import torch_threads
 
     with torch_threads(SENSITIVITY_THREADS):  # the mix must not depend on `threads`
         table = layer_sensitivity(

@@ -23,8 +23,11 @@ def logged_run(
     """A run as a quantized run records it: settings, versions, hardware, digests and the two tables."""
     uri = f"sqlite:///{tmp_path / store}.db"
     client = MlflowClient(uri)
-    experiment = client.create_experiment(
-        "resnet8ptq", artifact_location=str(tmp_path / f"{store}-artifacts")
+    found = client.get_experiment_by_name("resnet8ptq")
+    experiment = (
+        found.experiment_id
+        if found
+        else client.create_experiment("resnet8ptq", artifact_location=str(tmp_path / f"{store}-artifacts"))
     )
     run = client.create_run(experiment, run_name="onnx-int8")
     run_id = run.info.run_id
@@ -39,8 +42,8 @@ def logged_run(
     }
     for key, value in tags.items():
         client.set_tag(run_id, key, value)
-    folder = tmp_path / store
-    folder.mkdir()
+    folder = tmp_path / store / run_id
+    folder.mkdir(parents=True)
     pd.DataFrame([vars(r) for r in ranges]).to_csv(folder / "calibration_ranges.csv", index=False)
     pd.DataFrame({"label": LABELS, "predicted": predicted}).rename_axis("image").to_csv(
         folder / "predictions.csv"
@@ -66,6 +69,7 @@ def two_stores(tmp_path_factory: pytest.TempPathFactory) -> tuple[tuple[str, str
     same = logged_run(tmp_path, "here", ranges, predicted)
     twin = logged_run(tmp_path, "twin", ranges, predicted)
     other = logged_run(tmp_path, "there", nudged, moved)
+    logged_run(tmp_path, "here", nudged, moved)  # a second run in the first store, for the explorer
     return same, twin, other
 
 
@@ -98,3 +102,18 @@ def test_a_missing_run_or_store_is_named(two_stores, tmp_path: Path, capsys: pyt
         diff.main([run_a, run_a, "--tracking-uri", f"sqlite:///{tmp_path / 'none.db'}"]) == diff.EXIT_MISSING
     )
     assert "No MLflow store at" in capsys.readouterr().err
+
+
+def test_the_explorer_shows_where_two_runs_of_one_store_part(two_stores) -> None:
+    """The explorer's two-runs view (``where_runs_part``) lists the same stages as the CLI."""
+    from resnet8ptq.explore import where_runs_part
+
+    (uri, run_a), _, _ = two_stores
+    client = MlflowClient(uri)
+    (run_b,) = [r.info.run_id for r in client.search_runs(["1"]) if r.info.run_id != run_a]
+    table = where_runs_part(uri, run_a, run_b)
+    assert list(table["stage"]) == [stage.name for stage in diff.STAGES]
+    parted = table[table["difference"] != "same"]
+    assert parted.iloc[0]["stage"] == "calibration ranges"
+    assert "conv1 [-3.5, 6.25] vs [-3.5, 6.3]" in parted.iloc[0]["difference"]
+    assert (where_runs_part(uri, run_a, run_a)["difference"] == "same").all()

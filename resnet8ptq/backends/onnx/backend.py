@@ -1,4 +1,5 @@
-"""ONNX Runtime backend: ORT calibrators + ``quantize_static`` (QDQ), run by the CPU execution provider.
+"""ONNX Runtime backend: ORT calibrators (fed float64 activations: :mod:`.float64`) + ``quantize_static``
+(QDQ), run by the CPU execution provider.
 
 The reference form is the QDQ model with graph optimisations off (its exact quantize/dequantize semantics);
 the runtime form is the same file with all optimisations on, where ORT fuses QDQ pairs into integer kernels
@@ -23,6 +24,7 @@ from onnxruntime.quantization.calibrate import TensorData, TensorsData, save_ten
 from onnxruntime.quantization.registry import QDQRegistry, QLinearOpsRegistry
 
 from resnet8ptq.backends.base import Backend, MlflowFlavor, Model, QuantizedModel, Runtime
+from resnet8ptq.backends.onnx.float64 import use_float64
 from resnet8ptq.backends.onnx.layer_errors import QdqPairs
 from resnet8ptq.backends.onnx.options import cpu_options
 from resnet8ptq.backends.onnx.reader import ImageReader, input_name
@@ -155,6 +157,7 @@ class OnnxRuntimeBackend(Backend):
             calibrate_method=spec.calib.ort_method(),
             extra_options=spec.calib.ort_options(),
         )
+        use_float64(calibrator, self.threads)
         with contextlib.redirect_stdout(io.StringIO()):  # ORT's histogram calibrators print progress lines
             calibrator.collect_data(ImageReader(calibration_images, spec.calib.batch_size, model_input))
             if spec.calib.method == "mse":

@@ -24,9 +24,9 @@ from resnet8ptq.backends.torch.convert import (
 )
 from resnet8ptq.backends.torch.program import WEIGHTED_OPS, count_targets, is_zero_pad, qdq_op
 from resnet8ptq.calibration import batches
+from resnet8ptq.hardware import torch_threads
 from resnet8ptq.layer_errors import Pair
 from resnet8ptq.model import layer_name
-from resnet8ptq.simulation import torch_threads
 
 log = logging.getLogger(__name__)
 
