@@ -4,6 +4,7 @@ each in a store of its own, and compares the runs' digests (calibration ranges, 
 the first path's, naming the first difference (resnet8ptq.diff). Issue 44's question, on one machine.
 
 Usage: RESNET8PTQ_ASSETS=../shared python bench/kernel_paths.py [--out DIR] [--backends onnx,torch,tflite]
+       [--paths 0,2] [--configuration "backend=onnx algo=brecq ..."]   (one configuration of your own)
 """
 
 from __future__ import annotations
@@ -61,15 +62,25 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, default=None, help="keep the stores here (default: a temp dir)")
     parser.add_argument("--backends", default="onnx,torch,tflite")
+    parser.add_argument("--paths", default=None, help="indices into PATHS (default: all)")
+    parser.add_argument("--configuration", default=None, help="overrides of one configuration to run instead")
     args = parser.parse_args()
     root = args.out or Path(tempfile.mkdtemp(prefix="kernel-paths-"))
+    configurations = (
+        {"custom": args.configuration.split()}
+        if args.configuration
+        else {backend: CONFIGURATIONS[backend] for backend in args.backends.split(",")}
+    )
+    paths = list(PATHS.items())
+    if args.paths:
+        paths = [paths[int(index)] for index in args.paths.split(",")]
     print(f"# {detect().label}; stores in {root}")
-    for backend in args.backends.split(","):
+    for backend, configuration in configurations.items():
         sides = {}
-        for name, (env, overrides) in PATHS.items():
+        for name, (env, overrides) in paths:
             start = time.perf_counter()
             folder = root / backend / f"path-{len(sides)}"
-            sides[name] = run(folder, CONFIGURATIONS[backend], env, overrides)
+            sides[name] = run(folder, configuration, env, overrides)
             tags = sides[name].tags
             digests = " ".join(
                 f"{k.removeprefix('digest.')}={v[:8]}"
