@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import os
 import platform
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -92,6 +92,23 @@ def usable_cores() -> int:
     else every core. Libraries that size their thread pools by the machine's cores (ONNX Runtime does) would
     otherwise put more threads on them than there are cores."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+KERNEL_PATH_ENV = (
+    "ATEN_CPU_CAPABILITY",
+    "ONEDNN_MAX_CPU_ISA",
+    "DNNL_MAX_CPU_ISA",
+    "MKL_CBWR",
+    "MKL_ENABLE_INSTRUCTIONS",
+    "OPENBLAS_CORETYPE",
+)
+"""Environment variables that make torch (ATen, oneDNN), MKL or OpenBLAS take another kernel path on the
+same CPU: float results that depend on the kernels depend on these too."""
+
+
+def kernel_path_env(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """The :data:`KERNEL_PATH_ENV` variables this process has set."""
+    return {name: environ[name] for name in KERNEL_PATH_ENV if name in environ}
 
 
 @contextmanager

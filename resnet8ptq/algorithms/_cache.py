@@ -4,8 +4,9 @@ algo=brecq`` reconstructs the model once and both backends quantize the same lea
 
 The key is everything the output depends on: the FP32 model's bytes, the calibration images' bytes, the
 quantization spec, the steps and their parameters, the seed, the libraries that compute it, this package's
-source code (any change to it makes a new key) and the CPU's instruction-set features (learned rounding
-differs between CPU kinds: docs/algorithms.md#reproducibility-of-learned-rounding). An entry is written
+source code (any change to it makes a new key), the CPU's instruction-set features and the variables that
+force another kernel path on it (``ATEN_CPU_CAPABILITY``, ``ONEDNN_MAX_CPU_ISA``, ...: learned rounding
+differs between kernel paths: docs/algorithms.md#reproducibility-of-learned-rounding). An entry is written
 into a scratch directory and renamed into place, so a reader never sees half of one; a file lock per key
 makes parallel jobs that need the same entry compute it once.
 """
@@ -45,7 +46,7 @@ def key(
 ) -> str:
     """A short hash of what the steps' output depends on; ``steps``: name -> its parameters (a dataclass or
     None), in order."""
-    from resnet8ptq.hardware import detect
+    from resnet8ptq.hardware import detect, kernel_path_env
 
     parts = {
         "model": hashlib.sha256(onnx_path.read_bytes()).hexdigest(),
@@ -59,6 +60,7 @@ def key(
         "libraries": {name: _version(name) for name in LIBRARIES},
         "source": source_fingerprint(),
         "isa": list(detect().isa),
+        "kernel_path": kernel_path_env(),
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 

@@ -105,15 +105,24 @@ def test_every_input_of_the_output_is_in_the_key(tiny: Path, tmp_path: Path) -> 
     assert key(onnx_path=copy) == key()
 
 
-def test_the_code_and_the_cpu_are_in_the_key(tiny: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_code_the_cpu_and_its_kernel_path_are_in_the_key(
+    tiny: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from resnet8ptq import hardware
 
+    for name in hardware.KERNEL_PATH_ENV:
+        monkeypatch.delenv(name, raising=False)
     before = _cache.key(tiny, IMAGES, SPEC, {"cle": None}, 0)
+    fingerprint, detect = _cache.source_fingerprint, hardware.detect
     monkeypatch.setattr(_cache, "source_fingerprint", lambda: "changed code")
     assert _cache.key(tiny, IMAGES, SPEC, {"cle": None}, 0) != before
-    monkeypatch.undo()
+    monkeypatch.setattr(_cache, "source_fingerprint", fingerprint)
     other_cpu = hardware.Hardware("Other CPU", ("avx2",), 2)
     monkeypatch.setattr(hardware, "detect", lambda: other_cpu)
+    assert _cache.key(tiny, IMAGES, SPEC, {"cle": None}, 0) != before
+    monkeypatch.setattr(hardware, "detect", detect)
+    assert _cache.key(tiny, IMAGES, SPEC, {"cle": None}, 0) == before
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")  # the same CPU, oneDNN's kernels forced down
     assert _cache.key(tiny, IMAGES, SPEC, {"cle": None}, 0) != before
 
 
