@@ -6,6 +6,7 @@ reference semantics does not depend on it; speed and the integer kernels' accura
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import platform
@@ -37,11 +38,15 @@ INT8_DOT_PRODUCT = ("avx512_vnni", "avx_vnni", "amx_int8", "asimddp", "i8mm")
 
 @dataclass(frozen=True)
 class Hardware:
-    """One machine as the runs record it (tags ``hardware.cpu``, ``hardware.isa``, ``hardware.cores``)."""
+    """One machine as the runs record it (tags ``hardware.cpu``, ``hardware.isa``, ``hardware.cores``,
+    ``hardware.kernel_path``)."""
 
     cpu: str
     isa: tuple[str, ...]
     cores: int
+    kernel_path: str = ""
+    """The variables that forced another kernel path (:data:`KERNEL_PATH_ENV`, ``NAME=value,...``); empty: the
+    libraries' own choice for this CPU."""
 
     @property
     def has_int8_dot_product(self) -> bool:
@@ -51,7 +56,8 @@ class Hardware:
     @property
     def label(self) -> str:
         """`AMD EPYC (avx2,fma; 2 cores)`: what a report calls this machine."""
-        return f"{self.cpu} ({','.join(self.isa) or 'no SIMD features found'}; {self.cores} cores)"
+        forced = f"; kernels forced: {self.kernel_path}" if self.kernel_path else ""
+        return f"{self.cpu} ({','.join(self.isa) or 'no SIMD features found'}; {self.cores} cores{forced})"
 
     def tags(self) -> dict[str, str]:
         """The run tags that record this machine."""
@@ -59,6 +65,7 @@ class Hardware:
             "hardware.cpu": self.cpu,
             "hardware.isa": ",".join(self.isa),
             "hardware.cores": str(self.cores),
+            "hardware.kernel_path": self.kernel_path or "native",
         }
 
     @classmethod
@@ -68,7 +75,9 @@ class Hardware:
             return None
         isa = tuple(feature for feature in tags.get("hardware.isa", "").split(",") if feature)
         cores = tags.get("hardware.cores", "0")
-        return cls(tags["hardware.cpu"], isa, int(cores) if cores.isdigit() else 0)
+        kernel_path = tags.get("hardware.kernel_path", "native")
+        forced = "" if kernel_path == "native" else kernel_path
+        return cls(tags["hardware.cpu"], isa, int(cores) if cores.isdigit() else 0, forced)
 
 
 def parse_cpuinfo(text: str, cores: int) -> Hardware:
@@ -134,4 +143,5 @@ def detect() -> Hardware:
         text = cpuinfo.read_text(encoding="utf-8", errors="replace")
     except OSError:
         text = ""
-    return parse_cpuinfo(text, cores)
+    forced = ",".join(f"{name}={value}" for name, value in kernel_path_env().items())
+    return dataclasses.replace(parse_cpuinfo(text, cores), kernel_path=forced)

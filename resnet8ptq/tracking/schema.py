@@ -88,7 +88,7 @@ TAGS = {
     "quantizer": "the library's quantizer that made the model (torch, tflite)",
     "execution": "native, native-mismatch or simulated",
     "execution_reason": "which kernels ran, the two accuracies, the likely cause of a mismatch",
-    "hardware.<field>": "the machine: cpu, isa, cores",
+    "hardware.<field>": "the machine: cpu, isa, cores, kernel_path",
     "version.<library>": "each library's version",
     "data.verified": "how CIFAR-10 was verified (md5, layout)",
     "model.sha256": "the sha256 of the model the run started from",

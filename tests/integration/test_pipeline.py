@@ -55,6 +55,7 @@ QUANTIZED_TAGS = {
     "hardware.cpu",
     "hardware.isa",
     "hardware.cores",
+    "hardware.kernel_path",
     "git_commit",
     "version.onnxruntime",
     "version.onnx",

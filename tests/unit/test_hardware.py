@@ -3,6 +3,8 @@ the machine kinds this project runs on (Intel with AVX512-VNNI/AMX, AMD with AVX
 
 from __future__ import annotations
 
+import pytest
+
 from resnet8ptq.hardware import Hardware, detect, parse_cpuinfo
 
 INTEL_AMX = """processor\t: 0
@@ -58,9 +60,32 @@ def test_arm_dot_product() -> None:
 def test_tags_round_trip() -> None:
     machine = parse_cpuinfo(AMD_AVX2, cores=2)
     tags = machine.tags()
-    assert tags == {"hardware.cpu": "AMD EPYC", "hardware.isa": "avx2,fma", "hardware.cores": "2"}
+    assert tags == {
+        "hardware.cpu": "AMD EPYC",
+        "hardware.isa": "avx2,fma",
+        "hardware.cores": "2",
+        "hardware.kernel_path": "native",
+    }
     assert Hardware.from_tags(tags) == machine
     assert Hardware.from_tags({"backend": "onnx"}) is None, "runs logged before hardware was recorded"
+    old = {k: v for k, v in tags.items() if k != "hardware.kernel_path"}  # logged before kernel_path
+    assert Hardware.from_tags(old) == machine
+
+
+def test_a_forced_kernel_path_is_recorded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same CPU with oneDNN capped at AVX2 is another machine to the runs (and to resnet8ptq.diff)."""
+    from resnet8ptq import hardware
+
+    for name in hardware.KERNEL_PATH_ENV:
+        monkeypatch.delenv(name, raising=False)
+    native = hardware.detect.__wrapped__()
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
+    forced = hardware.detect.__wrapped__()
+    assert native.tags()["hardware.kernel_path"] == "native"
+    assert forced.tags()["hardware.kernel_path"] == "ATEN_CPU_CAPABILITY=avx2,ONEDNN_MAX_CPU_ISA=AVX2"
+    assert Hardware.from_tags(forced.tags()) == forced != native
+    assert forced.label.endswith("kernels forced: ATEN_CPU_CAPABILITY=avx2,ONEDNN_MAX_CPU_ISA=AVX2)")
 
 
 def test_this_machine() -> None:
