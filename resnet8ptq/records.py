@@ -351,6 +351,12 @@ def log_device(context: RunContext, run_id: str, device: OnDevice, reference_pre
         ranges = out_dir / "dac_ranges.csv"
         dac_table(model, result.dac_ranges, result.device.dac_bits).to_csv(ranges, index=False)
         files.append(ranges)
+    if result.bias_corrections:
+        from resnet8ptq.device.bias_correction import corrections_table
+
+        corrected = out_dir / "bias_corrections.csv"
+        corrections_table(result.bias_corrections).to_csv(corrected, index=False)
+        files.append(corrected)
     if result.layer_sqnr:
         sqnr = out_dir / "layer_sqnr.csv"
         table = pd.DataFrame({"layer": list(result.layer_sqnr), "sqnr_db": list(result.layer_sqnr.values())})

@@ -84,6 +84,12 @@ class Crossbar:
         here without an edit; calibrations of crossbars with the same layout are the same."""
         return Crossbar(**{name: getattr(self, name) for name in LAYOUT})
 
+    def systematic(self) -> Crossbar:
+        """The same crossbar without its random effects (every :data:`DRAWN` setting at its default): what
+        every chip of it shares (tiles, slices, DAC, ADC and its ranges, IR drop, ADC INL)."""
+        drawn = {item.name: item.default for item in fields(Crossbar) if item.metadata.get("draws")}
+        return Crossbar(**{item.name: getattr(self, item.name) for item in fields(Crossbar)} | drawn)
+
 
 CROSSBAR_DEFAULTS = {item.name: item.default for item in fields(Crossbar)}
 """Every crossbar setting's default: the ideal device."""
@@ -98,6 +104,8 @@ class DeviceConfig(Crossbar):
     kind: str = "none"
     noise_seeds: int = 5  # noise draws a noisy device is evaluated over (mean, std, 95% interval)
     batch_size: int = 500  # images per step of the executor (memory, not results)
+    bias_correction: bool = False  # take the crossbar's mean accumulator error out of each layer's bias
+    # (measured on the calibration images without random effects: resnet8ptq/device/bias_correction.py)
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -243,6 +251,7 @@ class DeviceConfig(Crossbar):
         short = {"adc_offset": "ofs", "adc_gain": "gain", "adc_inl": "inl", "adc_noise": "adcn"}
         parts += [f"{short[name]}{getattr(self, name):g}" for name in ADC_ERRORS if getattr(self, name)]
         parts += [f"acc{self.accumulator_bits}"] if self.accumulator_bits != 32 else []
+        parts += ["bc"] if self.bias_correction else []
         return "-".join(parts)
 
     def crossbar(self) -> Crossbar:

@@ -35,6 +35,8 @@ class DeviceResult:
     interval: tuple[float, float]
     subset_accuracy: float  # mean over draws, on MLPerf Tiny's performance subset
     differing_from_reference: int  # test images whose (first draw's) prediction differs from the reference
+    model: IntegerModel | None = None  # the integer model the device ran (bias_correction: corrected)
+    bias_corrections: dict[str, np.ndarray] = field(default_factory=dict)  # per layer: taken off the bias
     adc_steps: dict[str, LayerSteps] = field(default_factory=dict)  # per layer: the ADC steps
     dac_ranges: dict[str, tuple[int, int]] = field(default_factory=dict)  # per layer: a calibrated DAC range
     layer_sqnr: dict[str, float] = field(default_factory=dict)  # per layer: the device vs the ideal (dB)
@@ -155,11 +157,14 @@ SQNR_IMAGES = 200
 """Test images the per-layer SQNR of a device is measured on."""
 
 
-def layer_sqnr(model: IntegerModel, device: Arithmetic, images: np.ndarray) -> dict[str, float]:
+def layer_sqnr(
+    model: IntegerModel, device: Arithmetic, images: np.ndarray, on_device: IntegerModel | None = None
+) -> dict[str, float]:
     """Each layer's output on the device against the ideal integer device (its own input included, so the
-    errors accumulate as on the chip): SQNR in dB of the centred integers (q - zero point)."""
+    errors accumulate as on the chip): SQNR in dB of the centred integers (q - zero point). ``on_device``:
+    the model as the device runs it, when it differs from ``model`` (bias correction)."""
     _, ideal = execute(model, images, Ideal(), len(images), len(images))
-    _, real = execute(model, images, device, len(images), len(images))
+    _, real = execute(on_device or model, images, device, len(images), len(images))
     result = {}
     for layer in model.layers:
         q = layer.output_quant
@@ -199,20 +204,28 @@ def evaluate_device(
     calibration_images = data.calibration_images
     dac = dac_ranges(model, device, calibration_images, adc_profiles)
     steps = adc_steps(model, device, calibration_images, adc_profiles, dac)
+    runs, corrections = model, {}
+    if device.bias_correction and device.kind == "cim":
+        from resnet8ptq.device.bias_correction import correct_biases
+
+        def systematic() -> Arithmetic:  # the crossbar without its random effects
+            return CrossbarArithmetic(device.crossbar().systematic(), adc_steps=steps, dac_ranges=dac)
+
+        runs, corrections = correct_biases(model, systematic, calibration_images, device.images_per_step)
     accuracies, subset, first = [], [], None
     with tqdm(total=len(images) * device.seeds, desc=f"Device {name}", unit="img", leave=False) as bar:
         for seed in range(device.seeds):
             logits, _ = execute(
-                model, images, arithmetic(device, seed, steps, dac), device.images_per_step, 0, bar.update
+                runs, images, arithmetic(device, seed, steps, dac), device.images_per_step, 0, bar.update
             )
-            predicted = predictions(model, logits)
+            predicted = predictions(runs, logits)
             first = predicted if first is None else first
             accuracies.append(float(np.mean(predicted == labels)))
             subset.append(float(np.mean(predicted[perf_subset] == labels[perf_subset])))
     sqnr = {}
     if device.kind == "cim":  # the ideal integer device is the reference itself
         sample = images[: min(SQNR_IMAGES, device.images_per_step)]
-        sqnr = layer_sqnr(model, arithmetic(device, 0, steps, dac), sample)
+        sqnr = layer_sqnr(model, arithmetic(device, 0, steps, dac), sample, runs)
     correct = int(np.sum(first == labels))
     interval = seed_interval(accuracies) if len(accuracies) > 1 else accuracy_interval(correct, len(labels))
     return DeviceResult(
@@ -222,6 +235,8 @@ def evaluate_device(
         interval=interval,
         subset_accuracy=float(np.mean(subset)),
         differing_from_reference=int(np.sum(first != reference_predictions)),
+        model=runs,
+        bias_corrections=corrections,
         adc_steps=steps,
         dac_ranges=dac,
         layer_sqnr=sqnr,

@@ -56,4 +56,4 @@ def on_device(
         "%s: accuracy on device %s %.4f (%d predictions differ from the reference)",
         model.name, device.label, result.accuracy, result.differing_from_reference,
     )  # fmt: skip
-    return records.OnDevice(result, integer, inputs.test_images, inputs.calibration_sample())
+    return records.OnDevice(result, result.model or integer, inputs.test_images, inputs.calibration_sample())

@@ -41,6 +41,7 @@ CIM_SWEEP = (
     "device.rows=128",
     "device.adc_bits=4",
     "device.adc_range=max,mse",
+    "device.bias_correction=false,true",
     "layer_analysis=false",
     "mlflow.log_models=false",
 )
@@ -66,29 +67,70 @@ def cim_runs(
     return workdir, runs
 
 
+def pick(runs: list[Run], adc_range: str, corrected: bool = False) -> Run:
+    """The sweep's run with that ADC range, with or without device-aware bias correction."""
+    (found,) = [
+        run
+        for run in runs
+        if run.data.tags["device.adc_range"] == adc_range and run.info.run_name.endswith("-bc") == corrected
+    ]
+    return found
+
+
 def test_a_device_sweep_quantizes_once(cim_runs: tuple[Path, list[Run]]) -> None:
-    _, (first, second) = cim_runs
-    assert [r.data.tags["device.adc_range"] for r in (first, second)] == ["max", "mse"]
+    _, runs = cim_runs
+    first, second = pick(runs, "max"), pick(runs, "mse")
+    assert runs[0] == first and len(runs) == 4
     assert first.info.run_name.endswith("-cim-r128-adc4-max") and second.info.run_name.endswith(
         "-cim-r128-adc4"
     )
-    assert second.data.tags["device.quantization_run"] == first.info.run_name
+    assert pick(runs, "mse", corrected=True).info.run_name.endswith("-cim-r128-adc4-bc")
+    assert all(run.data.tags["device.quantization_run"] == first.info.run_name for run in runs[1:])
     assert "device.quantization_run" not in first.data.tags
     for key in ("quantize_seconds", "calib_seconds", "accuracy"):
         assert first.data.metrics[key] == second.data.metrics[key]
-    assert first.data.tags["config_hash"] != second.data.tags["config_hash"]
+    assert len({run.data.tags["config_hash"] for run in runs}) == 4
 
 
 def test_a_4_bit_adc_calibrated_for_least_error_keeps_the_accuracy(cim_runs: tuple[Path, list[Run]]) -> None:
     """Covering the largest partial sum leaves typical sums a few codes; the least-error range per column
-    clips the rare large sums and meets the target on the full test set."""
-    _, (largest, least_error) = cim_runs
+    clips the rare large sums and meets the target on the full test set, with or without bias correction."""
+    _, runs = cim_runs
+    largest, least_error = pick(runs, "max"), pick(runs, "mse")
     assert least_error.data.metrics["accuracy_device"] >= TARGET_4_BITS
     assert largest.data.metrics["accuracy_device"] < least_error.data.metrics["accuracy_device"] - 0.1
+    assert pick(runs, "mse", corrected=True).data.metrics["accuracy_device"] >= TARGET_4_BITS
+
+
+def test_bias_correction_is_logged_and_exported(cim_runs: tuple[Path, list[Run]], tmp_path: Path) -> None:
+    """`device.bias_correction=true`: every output channel's correction in device/bias_corrections.csv, and
+    the exported integer model's biases are the plain run's less exactly those corrections."""
+    workdir, runs = cim_runs
+    client = MlflowClient(f"sqlite:///{workdir / 'mlflow.db'}")
+    plain, corrected = (
+        Path(
+            client.download_artifacts(
+                pick(runs, "mse", flag).info.run_id, "device", str(tmp_path / str(flag))
+            )
+        )
+        for flag in (False, True)
+    )
+    assert not (plain / "bias_corrections.csv").exists()
+    table = pd.read_csv(corrected / "bias_corrections.csv")
+    assert len(table) == 16 * 3 + 32 * 3 + 64 * 3 + 10 and (table["correction"] != 0).any()
+    layers = json.loads((corrected / "integer_model.json").read_text())["layers"]
+    index = {layer["name"]: layer["index"] for layer in layers if layer["kind"] == "Conv"}
+    assert set(table["layer"]) == set(index)
+    with np.load(plain / "integer_model.npz") as before, np.load(corrected / "integer_model.npz") as after:
+        for name, position in index.items():
+            shift = table[table["layer"] == name].sort_values("channel")["correction"].to_numpy()
+            key = f"{position:02d}/bias"
+            np.testing.assert_array_equal(after[key], before[key] - shift, err_msg=name)
 
 
 def test_the_adc_ranges_are_logged_per_column(cim_runs: tuple[Path, list[Run]], tmp_path: Path) -> None:
-    workdir, (_, run) = cim_runs
+    workdir, runs = cim_runs
+    run = pick(runs, "mse")
     client = MlflowClient(f"sqlite:///{workdir / 'mlflow.db'}")
     table = pd.read_csv(client.download_artifacts(run.info.run_id, "device/adc_steps.csv", str(tmp_path)))
     assert len(table) == COLUMNS and set(table["granularity"]) == {"column"}
@@ -139,10 +181,15 @@ def read_export(directory: Path, images: np.ndarray) -> tuple[np.ndarray, np.nda
     return logits, predict(description, arrays, logits)
 
 
-def test_the_export_rebuilds_the_crossbar_run(cim_runs: tuple[Path, list[Run]], data, tmp_path: Path) -> None:
+@pytest.mark.parametrize("corrected", [False, True], ids=["plain", "bias-corrected"])
+def test_the_export_rebuilds_the_crossbar_run(
+    cim_runs: tuple[Path, list[Run]], corrected: bool, data, tmp_path: Path
+) -> None:
     """The 4-bit least-error run's device/ files, read by NumPy alone, give its logged device predictions
-    (which differ from the reference's on some of these images: the ADC is in the rebuilt arithmetic)."""
-    workdir, (_, run) = cim_runs
+    (which differ from the reference's on some of these images: the ADC is in the rebuilt arithmetic), with
+    the corrected biases where the run corrected them."""
+    workdir, runs = cim_runs
+    run = pick(runs, "mse", corrected)
     client = MlflowClient(f"sqlite:///{workdir / 'mlflow.db'}")
     directory = Path(client.download_artifacts(run.info.run_id, "device", str(tmp_path)))
     _, images, _ = data
