@@ -6,6 +6,7 @@ measured, is at most half a unit."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import ClassVar
 
 import numpy as np
@@ -17,8 +18,8 @@ from resnet8ptq.device.bias_correction import ErrorMeter, correct_biases, correc
 from resnet8ptq.device.cim import CrossbarArithmetic
 from resnet8ptq.device.config import Crossbar, DeviceConfig
 from resnet8ptq.device.executor import Arithmetic, Ideal, execute
-from resnet8ptq.device.fixed_point import quantize_multiplier
 from resnet8ptq.device.graph import Conv, IntegerModel, Quant
+from tests.unit.test_device import conv_layer
 
 pytestmark = pytest.mark.device
 
@@ -26,23 +27,10 @@ QUANT = Quant(1.0, -128, -128, 127)
 
 
 def conv(rng: np.random.Generator, name: str, source: str, channels_in: int, channels_out: int) -> Conv:
-    multiplier, shift = quantize_multiplier(np.full(channels_out, 0.002))
-    return Conv(
-        name=name,
-        input=source,
-        output=name,
-        weight=rng.integers(-127, 128, (channels_out, channels_in, 3, 3)).astype(np.int32),
-        weight_zero_point=np.zeros(channels_out, np.int32),
-        weight_scale=np.full(channels_out, 0.01, np.float32),
-        bias=rng.integers(-1000, 1000, channels_out).astype(np.int32),
-        stride=(1, 1),
-        padding=(1, 1, 1, 1),
-        input_quant=QUANT,
-        output_quant=QUANT,
-        multiplier=multiplier,
-        shift=shift,
-        act_min=-128,
-        act_max=127,
+    """test_device's synthetic layer, named into a chain, with unit-scale quantizations."""
+    layer = conv_layer(rng, channels_in, channels_out)
+    return dataclasses.replace(
+        layer, name=name, input=source, output=name, input_quant=QUANT, output_quant=QUANT
     )
 
 
