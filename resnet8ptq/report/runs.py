@@ -11,7 +11,7 @@ from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
 from resnet8ptq.data import CLASS_NAMES
-from resnet8ptq.device.config import CROSSBAR_DEFAULTS, Crossbar, DeviceConfig
+from resnet8ptq.device.config import Crossbar, DeviceConfig
 from resnet8ptq.errors import ReportError
 from resnet8ptq.hardware import Hardware
 from resnet8ptq.records import REFERENCE_TAG
@@ -182,9 +182,11 @@ def runs_frame(runs: Iterable[Run]) -> pd.DataFrame:
     return frame
 
 
-DEVICE_SETTINGS = tuple(item.name for item in fields(Crossbar))
-"""The crossbar settings a device run is tagged with (``device.<setting>``), columns ``device_<setting>``:
-read from the :class:`~resnet8ptq.device.config.Crossbar` dataclass, so a new setting needs no edit here."""
+DEVICE_SETTINGS = (*(item.name for item in fields(Crossbar)), "bias_correction")
+"""The device settings a device run is tagged with (``device.<setting>``) that change what it computes,
+columns ``device_<setting>``: the :class:`~resnet8ptq.device.config.Crossbar` dataclass's (a new crossbar
+setting needs no edit here) and the device's own model change (``bias_correction``)."""
+DEVICE_DEFAULTS = {item.name: item.default for item in fields(DeviceConfig)}
 
 
 def device_columns(tags: dict[str, str]) -> dict[str, object]:
@@ -210,7 +212,7 @@ def device_columns(tags: dict[str, str]) -> dict[str, object]:
 def _setting(value: str, name: str | None = None) -> object:
     """A ``device.*`` tag's value as the config held it (``name``: the setting, whose default's type says
     how: a choice such as ``drift=none`` stays a string, a flag is a bool)."""
-    default = CROSSBAR_DEFAULTS.get(name or "")
+    default = DEVICE_DEFAULTS.get(name or "")
     if isinstance(default, bool):
         return value.lower() == "true"
     if isinstance(default, str):

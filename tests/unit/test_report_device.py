@@ -57,6 +57,15 @@ def test_a_chip_over_time_reads_back_from_its_tags() -> None:
     assert plain["device_drift"] == "none" and plain["device_drift_compensation"] is False
 
 
+def test_a_bias_corrected_run_is_labelled_apart() -> None:
+    """`device.bias_correction` is the device's, not the crossbar's, and still names its runs: a sweep over it
+    shows two rows, not two of one name."""
+    corrected = device_columns(device_tags(rows=128, adc_bits=4, bias_correction=True))
+    plain = device_columns(device_tags(rows=128, adc_bits=4))
+    assert (corrected["device"], plain["device"]) == ("cim-r128-adc4-bc", "cim-r128-adc4")
+    assert corrected["device_bias_correction"] is True and plain["device_bias_correction"] is False
+
+
 @pytest.fixture(scope="module")
 def markdown(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
     root = tmp_path_factory.mktemp("device-report")
