@@ -205,7 +205,7 @@ def evaluate_device(
     dac = dac_ranges(model, device, calibration_images, adc_profiles)
     steps = adc_steps(model, device, calibration_images, adc_profiles, dac)
     runs, corrections = model, {}
-    if device.bias_correction and device.kind == "cim":
+    if device.bias_correction:  # DeviceConfig allows it with device=cim only
         from resnet8ptq.device.bias_correction import correct_biases
 
         def systematic() -> Arithmetic:  # the crossbar without its random effects

@@ -277,11 +277,9 @@ def where_runs_part(uri: str, run_a: str, run_b: str) -> pd.DataFrame:
     """Two runs of the store compared stage by stage, as `python -m resnet8ptq.diff` compares them: one row
     per stage (configuration, versions, hardware, calibration sample, ranges, model, integer form,
     predictions, device predictions) with what differs there, ``same`` where nothing does."""
-    from resnet8ptq.diff import Side, differences
+    from resnet8ptq.diff import differences, side
 
-    client = client_for(uri)
-    sides = [Side(client, client.get_run(run_id)) for run_id in (run_a, run_b)]
-    found = differences(*sides)
+    found = differences(side(run_a, uri), side(run_b, uri))
     return pd.DataFrame(
         [(stage, "same" if what is None else what) for stage, what in found], columns=["stage", "difference"]
     )

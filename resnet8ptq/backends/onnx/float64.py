@@ -61,7 +61,8 @@ class Float64Session:
         values = {
             name: tensor.numpy().astype(np.float32) for name, tensor in zip(self._computed, out, strict=True)
         }
-        values.update({name: np.asarray(feed[name], dtype=np.float32).copy() for name in self._inputs})
+        passed = [name for name in self._outputs if name in self._inputs]
+        values.update({name: np.asarray(feed[name], dtype=np.float32).copy() for name in passed})
         return [values[name] for name in output_names or self._outputs]
 
 
