@@ -20,7 +20,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 import resnet8ptq.backends
 from resnet8ptq.algorithms import AlgoConfig
 from resnet8ptq.calibration import CalibConfig
-from resnet8ptq.device.config import DeviceConfig
+from resnet8ptq.device.config import DeviceConfig, check_learnable
 from resnet8ptq.dtype import DtypeConfig
 from resnet8ptq.errors import ConfigError
 from resnet8ptq.fetch import ASSETS_ENV
@@ -145,10 +145,38 @@ def quant_spec(cfg: DictConfig) -> QuantSpec:
             raised_layers=tuple(cfg.raised_layers),
             layer_bits=tuple(sorted(cfg.layer_bits.items())),
         )
-        check_device(OmegaConf.to_object(cfg.device), spec)
+        device = OmegaConf.to_object(cfg.device)
+        check_device(device, spec)
+        check_device_aware(OmegaConf.to_object(cfg.algo), device, spec)
         return spec
     except ValueError as err:
         raise ConfigError(str(err)) from err
+
+
+def check_device_aware(algo: AlgoConfig, device: DeviceConfig, spec: QuantSpec) -> None:
+    """Fail unless device-aware learning and the learned ADC range come together, on a crossbar the learning
+    can model (:func:`~resnet8ptq.device.config.check_learnable`), with symmetric weights (whose grid the
+    backends, computing it again from the learned weights, find exactly: the learned ADC steps find their
+    layers by its integers)."""
+    if device.range_rule == "learned" and not algo.device_aware:
+        raise ValueError(
+            "device.adc_range=learned takes the ADC steps that device-aware learning learned; set "
+            "algo.device_aware=true with an algorithm that learns them (algo=brecq or algo=qdrop)."
+        )
+    if not algo.device_aware:
+        return
+    if device.kind != "cim":
+        raise ValueError(
+            f"algo.device_aware=true with device={device.kind}: the learning needs the crossbar it learns "
+            "against; set device=cim with its settings (e.g. device.rows=128 device.adc_bits=4)."
+        )
+    if not spec.dtype.weight_symmetric(spec.per_channel):
+        raise ValueError(
+            f"algo.device_aware=true with dtype.weight={spec.dtype.weight}: asymmetric weight grids are "
+            "computed again by the backends from the learned weights and may store other integers than "
+            "learned; use int8 weights (dtype=int8 or u8s8)."
+        )
+    check_learnable(device.crossbar())
 
 
 def check_device(device: DeviceConfig, spec: QuantSpec) -> None:

@@ -18,7 +18,7 @@ from resnet8ptq import hardware
 from resnet8ptq.algorithms import AlgoConfig
 from resnet8ptq.backends.base import Backend
 from resnet8ptq.config import quant_spec
-from resnet8ptq.device.config import DeviceConfig
+from resnet8ptq.device.config import LEARNED_SETTINGS, DeviceConfig
 from resnet8ptq.errors import ConfigError, ModelError
 from resnet8ptq.layers import check_layer_bits, check_raised
 from resnet8ptq.mcu.config import McuConfig, mcu_settings
@@ -81,6 +81,7 @@ def resolve(cfg: DictConfig, extra_tags: Mapping[str, str] | None, shared: Share
         "quantized": "true",
         "calib": spec.calib.method,
         "algo": "+".join(algo.steps) or "none",
+        **({"algo.device_aware": "true"} if algo.device_aware else {}),
         "per_channel": str(spec.per_channel).lower(),
         "reduce_range": str(spec.reduce_range).lower(),
         "config_hash": config_hash(params, identity),
@@ -89,7 +90,7 @@ def resolve(cfg: DictConfig, extra_tags: Mapping[str, str] | None, shared: Share
         **chip_tag(),
     }
     name = name_of_run(backend.NAME, spec, algo, device)
-    key = config_hash(without_device(params), identity)
+    key = config_hash(without_device(params, learned_on(algo)), identity)
     return Plan(
         cfg, spec, algo, device, mcu, experiment_id, backend, name, params, identity, tags, extra, key
     )
@@ -106,19 +107,32 @@ def chip_tag() -> dict[str, str]:
 
 def name_of_run(backend: str, spec: QuantSpec, algo: AlgoConfig, device: DeviceConfig) -> str:
     """A quantized run's name: backend, types, calibration, granularity, then what is not the default (the
-    algorithms, raised or mixed layers, the device): ``onnx-int8-int8-minmax-pc-cle-cim-r128-adc4``."""
+    algorithms, ``-aware`` when they learned against the device, raised or mixed layers, the device):
+    ``onnx-int8-int8-minmax-pc-cle-cim-r128-adc4``,
+    ``onnx-int8-int8-minmax-pc-brecq-aware-cim-r128-adc4-learned``."""
     granularity = ("pc" if spec.per_channel else "pt") + ("-rr" if spec.reduce_range else "")
     weights = "-wmse" if spec.calib.weights == "mse" else ""
     name = f"{backend}-{spec.dtype.label}-{spec.calib.method}{weights}-{granularity}"
-    name += "".join(f"-{step}" for step in algo.steps)
+    name += "".join(f"-{step}" for step in algo.steps) + ("-aware" if algo.device_aware else "")
     name += f"-raised{len(spec.raised_layers)}" if spec.raised_layers else ""
     name += f"-mix{len(spec.layer_bits)}" if spec.layer_bits else ""
     return name + (f"-{device.label}" if device.enabled else "")
 
 
-def without_device(params: Mapping[str, object]) -> dict[str, object]:
-    """The run's settings without the `device` group's: what its quantization depends on."""
-    return {key: value for key, value in params.items() if key != "device" and not key.startswith("device.")}
+def without_device(params: Mapping[str, object], keep: tuple[str, ...] = ()) -> dict[str, object]:
+    """The run's settings without the `device` group's but ``keep`` (``device.<name>``): what its
+    quantization depends on."""
+    kept = {f"device.{name}" for name in keep}
+    return {
+        key: value
+        for key, value in params.items()
+        if key in kept or (key != "device" and not key.startswith("device."))
+    }
+
+
+def learned_on(algo: AlgoConfig) -> tuple[str, ...]:
+    """The device settings a quantization depends on: those device-aware learning sees, else none."""
+    return LEARNED_SETTINGS if algo.device_aware else ()
 
 
 def make_backend(cfg: DictConfig, shared: Shared) -> Backend:

@@ -31,6 +31,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
 from resnet8ptq.algorithms.base import Algorithm, Context, Prepared, registered
+from resnet8ptq.device.config import LEARNED_SETTINGS, Crossbar
 from resnet8ptq.spec import QuantSpec
 
 
@@ -66,6 +67,10 @@ class _AlgoSettings:
     follow as ``<name>_<field>`` (:class:`AlgoConfig`)."""
 
     steps: list[str] = field(default_factory=list)
+    device_aware: bool = False
+    """Learn against the run's crossbar (`device=cim`; :mod:`._crossbar`): the weights' rounding, the
+    activations' and the ADCs' steps through its row tiles and ADCs. A step that can (``DEVICE_AWARE``:
+    ``brecq``, ``qdrop``) must be among the steps."""
     reuse: bool = True
     """Take the steps' output from ``cache_dir`` when a run with the same inputs computed it
     (:mod:`._cache`): a sweep over backends learns once. False: compute it again (and store it)."""
@@ -83,6 +88,12 @@ class _AlgoSettings:
             )
         for name in known:
             self.parameters(name)  # each algorithm validates its own
+        if self.device_aware and not any(known[step].DEVICE_AWARE for step in self.steps):
+            able = [name for name, algorithm in known.items() if algorithm.DEVICE_AWARE]
+            raise ValueError(
+                f"algo.device_aware=true with algo.steps={list(self.steps)}: none of them learns against "
+                f"a device; use one of {', '.join(able)} (e.g. algo=brecq)."
+            )
 
     def parameters(self, name: str) -> Any:
         """Algorithm ``name``'s parameters as its own dataclass (None if it has none)."""
@@ -143,28 +154,33 @@ def prepare(
     workdir: Path,
     seed: int = 0,
     cache_dir: Path | None = None,
+    crossbar: Crossbar | None = None,
 ) -> Prepared:
     """Apply ``algo``'s steps, in order, to the model at ``onnx_path``, saved as
     ``workdir/model_fp32_algo.onnx``; the model itself when there are none. With ``cache_dir`` (and
     ``algo.reuse``), an earlier run's output for the same inputs is taken from there instead, with the
     seconds it took then and the tag ``algo.reused=true``; a new output is stored there. A job that needs
-    the output another process is computing waits for it (a file lock per key)."""
+    the output another process is computing waits for it (a file lock per key). ``crossbar``: the device
+    ``algo.device_aware`` learns against (its settings that the learning sees are part of the key)."""
     if not algo.steps:
         return Prepared(onnx_path)
     from resnet8ptq.algorithms import _cache
 
+    learned_on = crossbar if algo.device_aware else None
+    inputs = (algo, onnx_path, calibration_images, spec, workdir, seed, learned_on)
     if cache_dir is None:
-        return _apply(algo, onnx_path, calibration_images, spec, workdir, seed)
+        return _apply(*inputs)
     if not algo.reuse:
-        prepared = _apply(algo, onnx_path, calibration_images, spec, workdir, seed)
+        prepared = _apply(*inputs)
         return dataclasses.replace(prepared, tags=prepared.tags | {REUSED_TAG: "false"})
     steps = {name: algo.parameters(name) for name in algo.steps}
-    entry_key = _cache.key(onnx_path, calibration_images, spec, steps, seed)
+    device = learning_settings(learned_on) if learned_on is not None else None
+    entry_key = _cache.key(onnx_path, calibration_images, spec, steps, seed, device)
     with _cache.computing(cache_dir, entry_key):  # a parallel job with the same key waits, then reuses
         found = _cache.load(cache_dir, entry_key, workdir)
         if found is not None:
             return dataclasses.replace(found, tags=found.tags | {REUSED_TAG: "true"})
-        prepared = _apply(algo, onnx_path, calibration_images, spec, workdir, seed)
+        prepared = _apply(*inputs)
         _cache.store(cache_dir, entry_key, prepared)
     return dataclasses.replace(prepared, tags=prepared.tags | {REUSED_TAG: "false"})
 
@@ -173,17 +189,29 @@ REUSED_TAG = "algo.reused"
 """``true`` when a run took its algorithms' output from an earlier run's (`algo.reuse`)."""
 
 
+def learning_settings(crossbar: Crossbar) -> dict[str, object]:
+    """The crossbar settings device-aware learning sees (:mod:`._crossbar`): a run that changes any of them
+    learns again."""
+    return {name: getattr(crossbar, name) for name in LEARNED_SETTINGS}
+
+
 def _apply(
-    algo: AlgoConfig, onnx_path: Path, images: np.ndarray, spec: QuantSpec, workdir: Path, seed: int
+    algo: AlgoConfig,
+    onnx_path: Path,
+    images: np.ndarray,
+    spec: QuantSpec,
+    workdir: Path,
+    seed: int,
+    crossbar: Crossbar | None,
 ) -> Prepared:
-    """The steps run, in order, on a copy of the model at ``onnx_path``."""
+    """The steps run, in order, on a copy of the model at ``onnx_path`` (against ``crossbar``, if any)."""
     import onnx
 
     from resnet8ptq.model import save_onnx
 
     start = time.perf_counter()
     model = onnx.load(onnx_path)
-    context = Context(images, spec, seed)
+    context = Context(images, spec, seed, crossbar)
     tags = {}
     for name in algo.steps:
         algorithm = algorithms()[name](algo.parameters(name))
@@ -191,4 +219,4 @@ def _apply(
     workdir.mkdir(parents=True, exist_ok=True)
     path = workdir / "model_fp32_algo.onnx"
     save_onnx(model, path)
-    return Prepared(path, time.perf_counter() - start, tags, context.ranges)
+    return Prepared(path, time.perf_counter() - start, tags, context.ranges, context.adc_steps)

@@ -43,9 +43,10 @@ def key(
     spec: QuantSpec,
     steps: dict[str, Any],
     seed: int,
+    device: dict[str, Any] | None = None,
 ) -> str:
     """A short hash of what the steps' output depends on; ``steps``: name -> its parameters (a dataclass or
-    None), in order."""
+    None), in order; ``device``: the crossbar settings device-aware learning saw."""
     from resnet8ptq.hardware import detect, kernel_path_env
 
     parts = {
@@ -61,6 +62,7 @@ def key(
         "source": source_fingerprint(),
         "isa": list(detect().isa),
         "kernel_path": kernel_path_env(),
+        **({"device": device} if device is not None else {}),
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
@@ -102,7 +104,16 @@ def load(cache_dir: Path, entry_key: str, workdir: Path) -> Prepared | None:
     workdir.mkdir(parents=True, exist_ok=True)
     model = Path(shutil.copyfile(entry / record["model"], workdir / record["model"]))
     ranges = {tensor: (low, high) for tensor, (low, high) in record["ranges"].items()}
-    return Prepared(model, record["seconds"], record["tags"], ranges)
+    return Prepared(model, record["seconds"], record["tags"], ranges, _adc_steps(record.get("adc_steps")))
+
+
+def _adc_steps(records: dict[str, dict] | None) -> dict:
+    """The learned ADC steps of a stored entry (none: no torch import)."""
+    if not records:
+        return {}
+    from resnet8ptq.device.adc import LayerSteps
+
+    return {layer: LayerSteps.from_record(record) for layer, record in records.items()}
 
 
 def store(cache_dir: Path, entry_key: str, prepared: Prepared) -> None:
@@ -119,6 +130,7 @@ def store(cache_dir: Path, entry_key: str, prepared: Prepared) -> None:
             "seconds": prepared.seconds,
             "tags": prepared.tags,
             "ranges": prepared.ranges,
+            "adc_steps": {layer: steps.to_record() for layer, steps in prepared.adc_steps.items()},
         }
         (scratch / RECORD_FILE).write_text(json.dumps(record, indent=1, sort_keys=True))
         os.rename(scratch, root / entry_key)

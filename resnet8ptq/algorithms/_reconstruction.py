@@ -26,6 +26,7 @@ output, which ORT gives its input's quantization) get the range of the tensor th
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -34,6 +35,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from resnet8ptq.algorithms._crossbar import CrossbarLayer, calibrate
 from resnet8ptq.algorithms._rounding import REGULARIZATION, SoftRounding, regularization
 from resnet8ptq.hardware import torch_threads
 from resnet8ptq.simulation import (
@@ -46,6 +48,9 @@ from resnet8ptq.simulation import (
 from resnet8ptq.weight_grid import WeightGrid
 
 if TYPE_CHECKING:
+    from resnet8ptq.device.adc import LayerSteps
+
+if TYPE_CHECKING:
     import onnx
 
     from resnet8ptq.algorithms.base import Context
@@ -53,6 +58,7 @@ if TYPE_CHECKING:
 
 ROUNDING_LR = 1e-2  # Adam on AdaRound's v, as `adaround`
 STEP_LR = 1e-3  # Adam on each activation step's ratio to its calibrated value, annealed to 0 (cosine)
+ADC_LR = 1e-2  # Adam on each ADC's log2 step and window position (codes), annealed to 0 (cosine)
 LEARNING_THREADS = 1  # torch threads while learning: the learned model must not depend on `threads`
 
 
@@ -69,11 +75,26 @@ class Rounded:
 @dataclass
 class Reconstruction:
     """What a reconstruction learned: per conv/gemm layer the share of weights rounded away from nearest,
-    the blocks, and the learned activation ranges by ONNX tensor."""
+    the blocks, the learned activation ranges by ONNX tensor and, learning against a crossbar, the learned
+    ADC steps by layer (:func:`resnet8ptq.model.layer_name` of its output)."""
 
     flipped: dict[str, float] = field(default_factory=dict)
     blocks: list[Block] = field(default_factory=list)
     ranges: dict[str, tuple[float, float]] = field(default_factory=dict)
+    adc_steps: dict[str, LayerSteps] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Learning:
+    """What every block's learning shares: the quantized simulation, the weights' roundings and crossbar
+    layers by ONNX node, and the settings."""
+
+    simulated: Simulation
+    roundings: dict[str, Rounded]
+    crossbars: dict[str, CrossbarLayer]
+    iterations: int
+    batch: int
+    drop_prob: float
 
 
 class RoundedWeight(torch.nn.Module):
@@ -106,6 +127,8 @@ def _reconstruct(
     from tqdm import tqdm
 
     from resnet8ptq.algorithms._graph import set_initializer
+    from resnet8ptq.device.graph import weight_key
+    from resnet8ptq.model import layer_name
 
     torch.manual_seed(context.seed)
     stored = stored_activations(model)
@@ -113,12 +136,15 @@ def _reconstruct(
     simulated = Simulation(model, stored, activation_quantizers(reference, model, context))
     roundings = weight_roundings(simulated, model, context.spec)
     blocks = find_blocks(simulated)
+    crossbars = crossbar_layers(simulated, model, roundings, context) if context.crossbar else {}
+    learning = Learning(simulated, roundings, crossbars, iterations, batch, drop_prob)
     quantized_input = float_input = torch.from_numpy(np.ascontiguousarray(context.images, np.float32))
     for block in tqdm(blocks, desc="reconstruct", unit="block"):
         target = reference.run_all(block, float_input)
-        _learn(
-            simulated, block, roundings, quantized_input, float_input, target, iterations, batch, drop_prob
-        )
+        if crossbars:  # the block's ADCs start from the calibrated steps on its input
+            layers = [crossbars[layer] for layer in block.layers]
+            calibrate(layers, functools.partial(simulated.run_all, block, quantized_input), context.crossbar)
+        _learn(learning, block, quantized_input, float_input, target)
         quantized_input, float_input = simulated.run_all(block, quantized_input), target
     result = Reconstruction(blocks=blocks)
     inits = {init.name: init for init in model.graph.initializer}
@@ -126,6 +152,9 @@ def _reconstruct(
         integers = rounded.rounding.integers()
         result.flipped[layer] = float(np.mean(integers != rounded.grid.quantize(rounded.weight)))
         set_initializer(inits[rounded.initializer], rounded.grid.dequantize(integers))
+        if layer in crossbars:
+            key = weight_key(centred_rows(integers, rounded.grid))
+            result.adc_steps[layer_name(node_output(model, layer))] = crossbars[layer].learned(key)
     result.ranges = {
         tensor: simulated.quantizers[source].learned_range() for tensor, source in stored.items()
     }
@@ -172,6 +201,39 @@ def weight_roundings(simulated: Simulation, model: onnx.ModelProto, spec: QuantS
     return roundings
 
 
+def crossbar_layers(
+    simulated: Simulation, model: onnx.ModelProto, roundings: dict[str, Rounded], context: Context
+) -> dict[str, CrossbarLayer]:
+    """Every conv/gemm node of ``simulated`` replaced by a :class:`~._crossbar.CrossbarLayer` of the
+    context's crossbar (its input's quantizer: the stored activation its input tensor takes), by ONNX node
+    name."""
+    inputs = {node.name: node.input[0] for node in model.graph.node}
+    layers = {}
+    for node, rounded in roundings.items():
+        tensor = inputs[node]
+        if tensor not in simulated.stored:
+            raise RuntimeError(f"device-aware learning: {node}'s input {tensor} is not quantized.")
+        step = simulated.quantizers[simulated.stored[tensor]]
+        original = simulated.gm.get_submodule(node)
+        layers[node] = CrossbarLayer(node, original, rounded.rounding, step, context.crossbar)
+        parent, _, child = node.rpartition(".")
+        setattr(simulated.gm.get_submodule(parent) if parent else simulated.gm, child, layers[node])
+    return layers
+
+
+def centred_rows(integers: np.ndarray, grid: WeightGrid) -> np.ndarray:
+    """A weight's integers less its zero points, outputs first (as the device holds them)."""
+    shape = [1] * integers.ndim
+    shape[grid.axis] = -1
+    centred = integers.astype(np.int64) - grid.zero_point.astype(np.int64).reshape(shape)
+    return np.moveaxis(centred, grid.axis, 0)
+
+
+def node_output(model: onnx.ModelProto, name: str) -> str:
+    """The first output tensor of the ONNX node ``name``."""
+    return next(node.output[0] for node in model.graph.node if node.name == name)
+
+
 def find_blocks(simulation: Simulation) -> list[Block]:
     """Cut the graph where a single tensor is passed on, and close a block at the first such cut after a
     conv/gemm whose tensor is a stored activation. Nodes after the last block (the softmax) are left out."""
@@ -194,29 +256,30 @@ def find_blocks(simulation: Simulation) -> list[Block]:
 
 
 def _learn(
-    simulated: Simulation,
+    learning: Learning,
     block: Block,
-    roundings: dict[str, Rounded],
     quantized_input: torch.Tensor,
     float_input: torch.Tensor,
     target: torch.Tensor,
-    iterations: int,
-    batch: int,
-    drop_prob: float,
 ) -> None:
-    """Fit one block's roundings and activation steps, then freeze them (hard rounding, fixed steps)."""
-    block_roundings = [roundings[layer].rounding for layer in block.layers]
+    """Fit one block's roundings, activation steps and (on a crossbar) ADC steps, then freeze them (hard
+    rounding, fixed steps)."""
+    simulated, iterations, batch, drop_prob = (
+        learning.simulated, learning.iterations, learning.batch, learning.drop_prob,
+    )  # fmt: skip
+    block_roundings = [learning.roundings[layer].rounding for layer in block.layers]
     steps = [simulated.quantizers[name] for name in dict.fromkeys(simulated.block_tensors(block))]
     steps = [step for step in steps if step.frozen is None]
+    adcs = [learning.crossbars[layer] for layer in block.layers if layer in learning.crossbars]
     optimizer = torch.optim.Adam(
         [
             {"params": [rounding.v for rounding in block_roundings], "lr": ROUNDING_LR},
             {"params": [step.ratio for step in steps], "lr": STEP_LR},
+            {"params": [p for adc in adcs for p in adc.parameters_to_learn()], "lr": ADC_LR},
         ]
     )
-    schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, [lambda _: 1.0, lambda i: 0.5 * (1 + math.cos(math.pi * i / iterations))]
-    )
+    cosine = lambda i: 0.5 * (1 + math.cos(math.pi * i / iterations))  # noqa: E731
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, [lambda _: 1.0, cosine, cosine])
     for step in steps:
         step.drop_prob = drop_prob
     for iteration in range(iterations):
@@ -237,3 +300,5 @@ def _learn(
     for step in steps:
         step.drop_prob = 0.0
         step.freeze()
+    for adc in adcs:
+        adc.freeze()

@@ -32,13 +32,15 @@ class SoftRounding(torch.nn.Module):
         self.register_buffer("floor", torch.floor(w / self.scale))
         rest = w / self.scale - self.floor  # in [0, 1): the rounding to learn; h(v) starts there
         self.v = torch.nn.Parameter(-torch.log((ZETA - GAMMA) / (rest.clamp(0.01, 0.99) - GAMMA) - 1))
+        self.register_buffer("pinned", torch.from_numpy(range_ends(weight, grid)))
+        self.register_buffer("nearest", torch.round(w / self.scale) - self.floor)
         self.qmin, self.qmax = grid.qmin, grid.qmax
         self.hard = False
 
     def rounding(self) -> torch.Tensor:
-        """h(v) in [0, 1], or its hard decision."""
+        """h(v) in [0, 1], or its hard decision; the :func:`range_ends` at their nearest rounding."""
         soft = torch.clamp(torch.sigmoid(self.v) * (ZETA - GAMMA) + GAMMA, 0, 1)
-        return (soft >= 0.5).float() if self.hard else soft
+        return torch.where(self.pinned, self.nearest, (soft >= 0.5).float() if self.hard else soft)
 
     def forward(self) -> torch.Tensor:
         """The weight on the grid: (clamp(floor + h + zero point) - zero point) * scale."""
@@ -55,6 +57,20 @@ class SoftRounding(torch.nn.Module):
             hard = (self.rounding() >= 0.5).float()
             values = torch.clamp(self.floor + hard + self.zero_point, self.qmin, self.qmax)
         return values.numpy().astype(np.int32)
+
+
+def range_ends(weight: np.ndarray, grid: WeightGrid) -> np.ndarray:
+    """Where ``weight`` holds its channel's (or, per tensor, its own) smallest or largest value: the
+    elements the grid's range is computed from. They keep their nearest rounding, so that a backend that
+    computes the grid again from the learned weights (ONNX Runtime and PyTorch do) finds this grid and
+    stores exactly the learned integers; a learned end would shrink the range, and with it every
+    integer of its channel."""
+    if len(grid.scale) == 1:
+        return (weight == weight.min()) | (weight == weight.max())
+    others = tuple(d for d in range(weight.ndim) if d != grid.axis)
+    return (weight == weight.min(axis=others, keepdims=True)) | (
+        weight == weight.max(axis=others, keepdims=True)
+    )
 
 
 def regularization(step: int, iterations: int) -> float | None:

@@ -6,8 +6,9 @@ calibration sample changes least: a rectified-sigmoid soft rounding h(V) is fitt
 ||W x - W~ x||^2 plus a regulariser that anneals h towards 0 or 1 (the paper's section 4 and appendix;
 :mod:`._rounding`: beta from 20 to 2, lambda 0.01, the first 20% of iterations without it). Layer inputs
 come from the FP32 model. The result is written back as float weights that lie exactly on the grid; the
-elements that define each channel's range sit on its ends whatever the rounding, so the backends recompute
-the same scales and store exactly the learned integers.
+elements that define each channel's range (its smallest and largest) keep their nearest rounding
+(:func:`._rounding.range_ends`), so the backends recompute the same scales and store exactly the learned
+integers.
 """
 
 from __future__ import annotations

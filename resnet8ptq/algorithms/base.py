@@ -20,6 +20,9 @@ if TYPE_CHECKING:
     import numpy as np
     import onnx
 
+    from resnet8ptq.device.adc import LayerSteps
+    from resnet8ptq.device.config import Crossbar
+
 
 _REGISTRY: dict[str, type[Algorithm]] = {}
 
@@ -27,14 +30,18 @@ _REGISTRY: dict[str, type[Algorithm]] = {}
 @dataclass(frozen=True)
 class Context:
     """What an algorithm may use besides the model: the calibration images (NHWC float32 raw 0-255), the
-    quantization it prepares the model for, and the run's seed (``data.seed``); and where it leaves
-    activation ranges it learned (``ranges``: ONNX tensor -> (min, max)), which the backends then use
-    instead of calibrating those tensors."""
+    quantization it prepares the model for, the run's seed (``data.seed``) and, with
+    ``algo.device_aware=true``, the crossbar to learn against; and where it leaves the activation ranges it
+    learned (``ranges``: ONNX tensor -> (min, max)), which the backends then use instead of calibrating
+    those tensors, and the ADC steps it learned (``adc_steps``: layer -> steps), which the device uses with
+    ``device.adc_range=learned``."""
 
     images: np.ndarray
     spec: QuantSpec
     seed: int = 0
+    crossbar: Crossbar | None = None
     ranges: dict[str, tuple[float, float]] = field(default_factory=dict)
+    adc_steps: dict[str, LayerSteps] = field(default_factory=dict)
 
 
 class Algorithm(ABC):
@@ -46,6 +53,8 @@ class Algorithm(ABC):
     STAGE: ClassVar[int]
     """Steps run in the order of their stages; algorithms of the same stage are alternatives (at most one
     of them per run), e.g. two ways of rounding the weights."""
+    DEVICE_AWARE: ClassVar[bool] = False
+    """It can learn against the run's crossbar (``algo.device_aware=true``: :attr:`Context.crossbar`)."""
     Parameters: ClassVar[type | None] = None
     """A dataclass of its settings with their defaults (the single place they are written), validated in
     its ``__post_init__``; the `algo` config holds them as ``algo.<NAME>_<field>``."""
@@ -71,14 +80,15 @@ def registered() -> dict[str, type[Algorithm]]:
 
 @dataclass(frozen=True)
 class Prepared:
-    """The FP32 model the backend quantizes, the algorithms' seconds, what they did (run tags), and the
+    """The FP32 model the backend quantizes, the algorithms' seconds, what they did (run tags), the
     activation ranges they learned (ONNX tensor -> (min, max): the backend stores these, not calibrated
-    ones)."""
+    ones) and the ADC steps learned against a crossbar (layer -> steps: ``device.adc_range=learned``)."""
 
     onnx_path: Path
     seconds: float = 0.0
     tags: dict[str, str] = field(default_factory=dict)
     ranges: dict[str, tuple[float, float]] = field(default_factory=dict)
+    adc_steps: dict[str, LayerSteps] = field(default_factory=dict)
 
     def learned(self, spec: QuantSpec) -> QuantSpec:
         """``spec`` with the learned ranges (:attr:`QuantSpec.learned_ranges`)."""

@@ -42,6 +42,7 @@ class Brecq(Algorithm):
 
     NAME = "brecq"
     STAGE = 20
+    DEVICE_AWARE = True
     Parameters = BrecqParameters
 
     def apply(self, model: onnx.ModelProto, context: Context) -> dict[str, str]:
@@ -50,11 +51,15 @@ class Brecq(Algorithm):
         settings = self.parameters
         learned = reconstruct(model, context, settings.iterations, settings.batch_size, settings.drop_prob)
         context.ranges.update(learned.ranges)
+        context.adc_steps.update(learned.adc_steps)
         blocks = " | ".join(
             "+".join(layer.split("/")[1] for layer in block.layers) for block in learned.blocks
         )
-        return {
+        tags = {
             f"{self.NAME}_flipped": f"{np.mean(list(learned.flipped.values())):.4f}",
             f"{self.NAME}_blocks": blocks,
             f"{self.NAME}_activations": str(len(learned.ranges)),
         }
+        if learned.adc_steps:  # learned against a crossbar: how many ADC steps
+            tags[f"{self.NAME}_adcs"] = str(sum(len(steps.steps) for steps in learned.adc_steps.values()))
+        return tags

@@ -143,6 +143,7 @@ class LayerSteps:
     steps: np.ndarray  # (groups,) float64: integers for pow2 steps, multiples of 2^-8 for free ones
     code_min: np.ndarray  # (groups,) int64
     code_max: np.ndarray  # (groups,) int64
+    layer_key: str = ""  # learned steps: the weights they were learned with (graph.weight_key)
 
     @classmethod
     def symmetric(cls, geometry: Geometry, granularity: str, steps: np.ndarray, adc_bits: int) -> LayerSteps:
@@ -158,6 +159,29 @@ class LayerSteps:
     def integral(self) -> bool:
         """Every step a whole number: the readings are integers."""
         return bool(np.all(self.steps == np.round(self.steps)))
+
+    def to_record(self) -> dict[str, object]:
+        """As plain JSON values (:meth:`from_record` reads them back exactly: steps are dyadic)."""
+        g = self.geometry
+        return {
+            "geometry": [g.tiles, g.slices, g.outputs],
+            "granularity": self.granularity,
+            "steps": self.steps.tolist(),
+            "code_min": self.code_min.tolist(),
+            "code_max": self.code_max.tolist(),
+            "layer_key": self.layer_key,
+        }
+
+    @classmethod
+    def from_record(cls, record: dict[str, object]) -> LayerSteps:
+        return cls(
+            Geometry(*record["geometry"]),
+            record["granularity"],
+            np.asarray(record["steps"], np.float64),
+            np.asarray(record["code_min"], np.int64),
+            np.asarray(record["code_max"], np.int64),
+            record.get("layer_key", ""),
+        )
 
 
 class PartialSumProfile:

@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass, field, fields
 
 KINDS = ("none", "integer", "cim")
-RANGES = ("max", "percentile", "mse", "worst_case", "granular")  # the ADC range rules (device/adc.py)
+RANGES = ("max", "percentile", "mse", "worst_case", "granular", "learned")  # ADC range rules (device/adc.py)
 RANGE_ALIASES = {"calibrated": "max"}
 """Earlier names of a range rule: the same rule, so that earlier runs' settings stay readable."""
 CALIBRATED_RANGES = ("max", "percentile", "mse")
@@ -30,8 +30,18 @@ the ADC calibration depends on."""
 DRAWN = {"draws": True}
 """Metadata of a setting that switches on a random effect: a device with any of them away from its default is
 evaluated over ``noise_seeds`` draws."""
-RANGE_LABELS = {"max": "max", "percentile": "p{p:g}", "mse": "mse", "worst_case": "wc", "granular": "gran"}
+RANGE_LABELS = {
+    "max": "max", "percentile": "p{p:g}", "mse": "mse", "worst_case": "wc", "granular": "gran",
+    "learned": "learned",
+}  # fmt: skip
 """How a run's name shows an ADC range rule other than the default (``cim-r128-adc4-max-layer-sym``)."""
+
+LEARNED_SETTINGS = (
+    "rows", "adc_bits", "adc_granularity", "adc_window", "adc_step", "dac_bits", "dac_range",
+    "bits_per_cell", "cells_per_weight",
+)  # fmt: skip
+"""The crossbar settings device-aware learning sees (``algo.device_aware``: its partial sums and ADCs): the
+algorithm cache's key and the shared quantization's key include them."""
 
 
 @dataclass
@@ -41,7 +51,8 @@ class Crossbar:
 
     rows: int | None = None  # crossbar rows per tile (aihwkit: mapping.max_input_size); null: one tile
     adc_bits: int | None = None  # ADC resolution per partial sum (aihwkit: forward.out_res); null: ideal
-    adc_range: str = "mse"  # the ADC's full scale: max | percentile | mse | worst_case | granular (adc.py)
+    # the ADC range: max | percentile | mse | worst_case | granular (adc.py); learned (algo.device_aware)
+    adc_range: str = "mse"
     adc_percentile: float = 99.99  # adc_range=percentile: of |partial sum| (CrossSim's default)
     adc_granularity: str = "column"  # one ADC range per layer | tile | column
     adc_step: str = "pow2"  # the ADC step: pow2 (the digital side shifts) | free (a fixed-point multiplier)
@@ -368,3 +379,24 @@ def _drift_checks(device: DeviceConfig) -> list[tuple[bool, str]]:
             "nu's mean and spread are drift=constant's (pcm draws nu from each cell's level)",
         ),
     ]
+
+
+def check_learnable(crossbar: Crossbar) -> None:
+    """Fail unless device-aware learning (:mod:`resnet8ptq.algorithms._crossbar`) models ``crossbar``'s
+    partial sums: ADCs of a set width, whole inputs (``dac_bits`` 8, ``dac_range`` full), one cell per
+    weight."""
+    problems = []
+    if crossbar.adc_bits is None:
+        problems.append("device.adc_bits=null (an ideal ADC: no ADC step to learn)")
+    if crossbar.dac_bits < 8 or crossbar.dac_range != "full":
+        problems.append(
+            f"device.dac_bits={crossbar.dac_bits} device.dac_range={crossbar.dac_range} (bit-serial or "
+            "clipped inputs; the learning applies whole 8-bit inputs: dac_bits=8, dac_range=full)"
+        )
+    if crossbar.cells_per_weight != 1:
+        problems.append(
+            f"device.cells_per_weight={crossbar.cells_per_weight} (weights sliced over cells; the learning "
+            "holds a weight in one cell)"
+        )
+    if problems:
+        raise ValueError("algo.device_aware=true cannot learn against " + "; ".join(problems) + ".")

@@ -115,17 +115,21 @@ def adc_steps(
     calibration_images: np.ndarray,
     profiles: Profiles | None = None,
     dac: dict[str, tuple[int, int]] | None = None,
+    learned: dict[str, LayerSteps] | None = None,
 ) -> dict[str, LayerSteps]:
     """Each layer's ADC steps (:mod:`resnet8ptq.device.adc`): from the partial sums of the ideal crossbar (the
     same tiles and slices, exact ADC, no noise) on the calibration images (``max``, ``percentile``, ``mse``),
     from the tile's largest possible sum (``worst_case``) or one unit (``granular``). Empty for an ideal
     ADC. ``profiles`` keeps the profile of each crossbar layout for the next device run of the same model and
     calibration images (a sweep over ADC settings profiles once per layout). ``dac``: the layers' DAC ranges
-    (:func:`dac_ranges`), applied in calibration as on the device."""
+    (:func:`dac_ranges`), applied in calibration as on the device. ``learned``: the steps device-aware
+    learning found (``learned``: :func:`learned_steps`)."""
     crossbar = device.crossbar()
     if crossbar.adc_bits is None:
         return {}
     rule, bits = device.range_rule, crossbar.adc_bits
+    if rule == "learned":
+        return learned_steps(model, device, learned or {})
     granularity, window, step = crossbar.adc_granularity, crossbar.adc_window, crossbar.adc_step
     if rule not in CALIBRATED_RANGES:
         layout = CrossbarArithmetic(crossbar.ideal(), dac_ranges=dac)
@@ -151,6 +155,41 @@ def adc_steps(
         ideal = CrossbarArithmetic(crossbar.ideal(), profile=profiles[layout], dac_ranges=dac)
         execute(model, calibration_images, ideal, batch_size=device.images_per_step)
     return calibrated_steps(profiles[layout], bits, rule, granularity, window, step, crossbar.adc_percentile)
+
+
+def learned_steps(
+    model: IntegerModel, device: DeviceConfig, learned: dict[str, LayerSteps]
+) -> dict[str, LayerSteps]:
+    """The learned ADC steps (``device.adc_range=learned``) of each conv/dense layer of ``model``: ``learned``
+    holds them by the FP32 model's layers, each with the key of the integer weights it was learned with
+    (:func:`~resnet8ptq.device.graph.weight_key`), which finds the layer the backend made of it. A layer
+    without steps (other weights than those learned) or with steps for other tiles, columns, granularity
+    or windows than this crossbar's fails."""
+    from resnet8ptq.device.adc import codes
+
+    layout = CrossbarArithmetic(device.crossbar().ideal())
+    window = codes(device.adc_bits, device.adc_window)
+    by_key = {steps.layer_key: (source, steps) for source, steps in learned.items()}
+    found = {}
+    for layer in model.convs:
+        if layer.weight_key not in by_key:
+            raise ValueError(
+                f"device.adc_range=learned: no ADC steps were learned for layer {layer.name}'s weights "
+                f"(learned for: {', '.join(learned) or 'no layer'}); the model's algorithm must have "
+                "learned against this crossbar (algo.device_aware=true), and the backend kept its weights."
+            )
+        source, steps = by_key[layer.weight_key]
+        geometry = layout.geometry(layer)
+        if (steps.geometry, steps.granularity) != (geometry, device.adc_granularity) or not np.all(
+            steps.code_max - steps.code_min == window
+        ):
+            raise ValueError(
+                f"device.adc_range=learned: the steps learned for {source} ({steps.geometry}, "
+                f"{steps.granularity}) do not fit layer {layer.name} on this crossbar ({geometry}, "
+                f"{device.adc_granularity}, windows of {window} codes)."
+            )
+        found[layer.name] = steps
+    return found
 
 
 SQNR_IMAGES = 200
@@ -196,14 +235,16 @@ def evaluate_device(
     reference_predictions: np.ndarray,
     name: str,
     adc_profiles: Profiles | None = None,
+    learned: dict[str, LayerSteps] | None = None,
 ) -> DeviceResult:
     """Run ``model`` on ``device`` over every test image, once per noise draw (seeds 0, 1, ...); the ADC
-    ranges from the calibration images' partial sums (``adc_profiles``: :func:`adc_steps`)."""
+    ranges from the calibration images' partial sums (``adc_profiles``: :func:`adc_steps`), or ``learned``
+    (``device.adc_range=learned``)."""
     start = time.perf_counter()
     images, labels, perf_subset = data.test_images, data.test_labels, data.perf_subset
     calibration_images = data.calibration_images
     dac = dac_ranges(model, device, calibration_images, adc_profiles)
-    steps = adc_steps(model, device, calibration_images, adc_profiles, dac)
+    steps = adc_steps(model, device, calibration_images, adc_profiles, dac, learned)
     runs, corrections = model, {}
     if device.bias_correction:  # DeviceConfig allows it with device=cim only
         from resnet8ptq.device.bias_correction import correct_biases

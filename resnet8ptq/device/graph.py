@@ -88,6 +88,21 @@ class Conv:
         """w - w_zp as int64 (O, I, kh, kw)."""
         return self.weight.astype(np.int64) - self.weight_zero_point.astype(np.int64).reshape(-1, 1, 1, 1)
 
+    @property
+    def weight_key(self) -> str:
+        """:func:`weight_key` of its centred weights."""
+        return weight_key(self.centered_weight)
+
+
+def weight_key(centered: np.ndarray) -> str:
+    """A layer's identity by its centred integer weights, outputs first (O, ...), in the term order of a
+    crossbar's rows: how what was learned on the FP32 model's layers (device-aware ADC steps) finds the
+    layer a backend made of each, whatever the backend names it."""
+    import hashlib
+
+    rows = np.ascontiguousarray(np.asarray(centered, np.int64).reshape(len(centered), -1))
+    return hashlib.sha256(str(rows.shape).encode() + rows.tobytes()).hexdigest()[:16]
+
 
 @dataclass
 class Add:

@@ -151,7 +151,7 @@ def runs_frame(runs: Iterable[Run]) -> pd.DataFrame:
                 "weight_bits": bits[1] if quantized else 32,
                 "first_last_bits": first_last,
                 "calib": (tags.get("calib") or params.get("calib", "?")) if made_here else "",
-                "algo": (tags.get("algo") or params.get("algo") or "none") if made_here else "",
+                "algo": algo_label(tags, params) if made_here else "",
                 "per_channel": per_channel if made_here else "",
                 "reduce_range": tags.get("reduce_range", "false") if made_here else "",
                 "reference": reference,
@@ -180,6 +180,13 @@ def runs_frame(runs: Iterable[Run]) -> pd.DataFrame:
     frame["config"] = _configs(frame)
     frame["label"] = _labels(frame)
     return frame
+
+
+def algo_label(tags: dict[str, str], params: dict[str, str]) -> str:
+    """The algorithms a run applied (``none``), ``device-aware`` after them when they learned against its
+    crossbar."""
+    algo = tags.get("algo") or params.get("algo") or "none"
+    return f"{algo} device-aware" if tags.get("algo.device_aware") == "true" else algo
 
 
 DEVICE_SETTINGS = (*(item.name for item in fields(Crossbar)), "bias_correction")

@@ -25,7 +25,8 @@ class DeviceStage(Stage):
     def run(self, inputs: RunInputs, record: RunRecord) -> records.OnDevice | None:
         made, plan = record["quantize"].made, record.plan
         model = Evaluated(plan.name, made.quantized.path, made.result.reference)
-        return on_device(plan.device, plan.backend, model, inputs, made.adc_profiles)
+        learned = made.prepared.adc_steps
+        return on_device(plan.device, plan.backend, model, inputs, made.adc_profiles, learned)
 
     def log(self, inputs: RunInputs, record: RunRecord, result: records.OnDevice) -> None:
         reference = record["quantize"].made.result.reference.predictions
@@ -41,17 +42,18 @@ def on_device(
     model: Evaluated,
     inputs: RunInputs,
     adc_profiles: dict | None = None,
+    learned: dict | None = None,
 ) -> records.OnDevice | None:
     """``model`` on the run's ``device`` (its integer form, every test image, the ADC ranges from the run's
-    calibration sample; ``adc_profiles``: :func:`resnet8ptq.device.evaluate.adc_steps`); None unless
-    ``device.enabled``."""
+    calibration sample, ``adc_profiles``: :func:`resnet8ptq.device.evaluate.adc_steps`, or ``learned`` by
+    device-aware learning); None unless ``device.enabled``."""
     if not device.enabled:
         return None
     from resnet8ptq.device.evaluate import evaluate_device  # torch: only for device runs
 
     integer = backend.integer_model(model.path)
     predictions = model.reference.predictions
-    result = evaluate_device(integer, device, inputs, predictions, model.name, adc_profiles)
+    result = evaluate_device(integer, device, inputs, predictions, model.name, adc_profiles, learned)
     log.info(
         "%s: accuracy on device %s %.4f (%d predictions differ from the reference)",
         model.name, device.label, result.accuracy, result.differing_from_reference,

@@ -92,6 +92,7 @@ def quantize_and_evaluate(
         output_dir / "algo",
         cfg.data.seed,
         Path(cfg.cache_dir),
+        plan.device.crossbar(),
     )
     source = source_path(backend, canonical, prepared.onnx_path)
     quantized = backend.quantize(source, calibration, prepared.learned(spec), output_dir / "model")

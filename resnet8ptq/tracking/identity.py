@@ -51,6 +51,7 @@ ADDED_DEFAULTS = {
     "dtype.first_last_bits": "None",
     "calib.weights": "minmax",
     "algo.steps": "[]",
+    "algo.device_aware": "False",
     "raised_layers": "[]",
     "layer_analysis": "True",
     "mlflow.log_models": "True",

@@ -73,6 +73,7 @@ TAGS = {
     "quantized": "true for a quantized run, false for an FP32 baseline",
     "calib": "the calibration method",
     "algo": "the PTQ algorithms applied, joined by +, or none",
+    "algo.device_aware": "true when the algorithms learned against the run's crossbar (algo.device_aware)",
     "algo.<result>": "what an algorithm did (cle_pairs, adaround_flipped, brecq_blocks, ..., reused)",
     "per_channel": "per-channel weights: true or false",
     "reduce_range": "reduce_range: true or false",

@@ -12,8 +12,10 @@ import onnx
 import pytest
 
 import resnet8ptq.algorithms as algorithms
-from resnet8ptq.algorithms import AlgoConfig, Prepared, _cache, prepare
+from resnet8ptq.algorithms import AlgoConfig, Prepared, _cache, learning_settings, prepare
 from resnet8ptq.calibration import CalibConfig
+from resnet8ptq.device.adc import Geometry, LayerSteps
+from resnet8ptq.device.config import Crossbar
 from resnet8ptq.dtype import DtypeConfig
 from resnet8ptq.spec import QuantSpec
 
@@ -37,16 +39,22 @@ def tiny(tmp_path: Path) -> Path:
     return path
 
 
+LEARNED_ADC = LayerSteps(
+    Geometry(2, 1, 3), "tile", np.array([4.0, 0.5078125]), np.array([-8, -3]), np.array([7, 12]), "ab12"
+)
+"""Device-aware learning's ADC steps as the cache keeps them (a power of two, a fixed-point step)."""
+
+
 @pytest.fixture
 def applied(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
     """Counts the times the steps really run (each call's workdir), and gives them a learned range."""
     calls: list[Path] = []
     real = algorithms._apply
 
-    def counting(algo, onnx_path, images, spec, workdir, seed) -> Prepared:
+    def counting(algo, onnx_path, images, spec, workdir, seed, crossbar) -> Prepared:
         calls.append(workdir)
-        done = real(algo, onnx_path, images, spec, workdir, seed)
-        return Prepared(done.onnx_path, 1.25, done.tags, {"y": (-0.5, 1.0 / 3)})
+        done = real(algo, onnx_path, images, spec, workdir, seed, crossbar)
+        return Prepared(done.onnx_path, 1.25, done.tags, {"y": (-0.5, 1.0 / 3)}, {"conv": LEARNED_ADC})
 
     monkeypatch.setattr(algorithms, "_apply", counting)
     return calls
@@ -61,6 +69,8 @@ def test_the_second_run_takes_the_first_ones_output(tiny: Path, tmp_path: Path, 
     assert second.tags == {"algo.cle_pairs": "none found", "algo.reused": "true"}
     assert second.seconds == first.seconds == 1.25  # what the steps took when they ran
     assert second.ranges == first.ranges == {"y": (-0.5, 1.0 / 3)}  # floats exactly
+    (steps,) = second.adc_steps.values()  # learned ADC steps, exactly
+    assert steps.to_record() == LEARNED_ADC.to_record() and steps.steps.dtype == np.float64
     assert second.onnx_path == tmp_path / "b" / "model_fp32_algo.onnx"  # in its own run's directory
     assert second.onnx_path.read_bytes() == first.onnx_path.read_bytes()
 
@@ -97,8 +107,13 @@ def test_every_input_of_the_output_is_in_the_key(tiny: Path, tmp_path: Path) -> 
         key(steps={"adaround": AlgoConfig(["adaround"], adaround_iterations=7).parameters("adaround")}),
         key(steps={"adaround": adaround}),
         key(seed=1),
+        key(device=learning_settings(Crossbar(rows=128, adc_bits=4))),  # learned against a crossbar
+        key(device=learning_settings(Crossbar(rows=128, adc_bits=5))),
     ]
     assert len({key(), *variants}) == len(variants) + 1
+    # what the learning does not see (the evaluation's ADC rule, noise) is not in the key
+    seen = learning_settings(Crossbar(rows=128, adc_bits=4))
+    assert seen == learning_settings(Crossbar(rows=128, adc_bits=4, adc_range="max", weight_noise=0.1))
     assert key() == key()  # and nothing else: a copy of the model elsewhere is the same model
     copy = tmp_path / "copy.onnx"
     copy.write_bytes(tiny.read_bytes())
@@ -155,6 +170,7 @@ def test_the_record_is_readable_json(tiny: Path, tmp_path: Path, applied: list) 
         "seconds": 1.25,
         "tags": {"algo.cle_pairs": "none found"},
         "ranges": {"y": [-0.5, 1.0 / 3]},
+        "adc_steps": {"conv": LEARNED_ADC.to_record()},
     }
     assert sorted(path.name for path in entry.iterdir()) == ["model_fp32_algo.onnx", "prepared.json"]
 
@@ -171,11 +187,11 @@ def test_parallel_jobs_with_the_same_inputs_compute_once(
     started, calls = threading.Event(), []
     real = algorithms._apply
 
-    def slow(algo, onnx_path, images, spec, workdir, seed) -> Prepared:
-        calls.append(workdir)
+    def slow(*inputs) -> Prepared:
+        calls.append(inputs[4])  # the workdir
         started.set()
         time.sleep(0.5)
-        return real(algo, onnx_path, images, spec, workdir, seed)
+        return real(*inputs)
 
     monkeypatch.setattr(algorithms, "_apply", slow)
 

@@ -116,6 +116,34 @@ def test_bad_values_are_rejected(override: str, message: str) -> None:
             ["device=cim", "device.bits_per_cell=3", "dtype.weight_bits=4", "dtype.first_last_bits=8"],
             "8-bit int8 weights need 7",
         ),
+        # device-aware learning (algo.device_aware) and the learned ADC range
+        (["algo=cle", "algo.device_aware=true"], r"none of them learns against a device; use one of brecq"),
+        (["algo=brecq", "algo.device_aware=true"], "with device=none: the learning needs the crossbar"),
+        (["algo=brecq", "algo.device_aware=true", "device=integer"], "with device=integer"),
+        (["algo=brecq", "algo.device_aware=true", "device=cim"], r"device.adc_bits=null \(an ideal ADC"),
+        (
+            ["algo=qdrop", "algo.device_aware=true", "device=cim", "device.adc_bits=4", "device.dac_bits=2"],
+            "device.dac_bits=2 device.dac_range=full",
+        ),
+        (
+            [
+                "algo=brecq",
+                "algo.device_aware=true",
+                "device=cim",
+                "device.adc_bits=4",
+                "device.cells_per_weight=2",
+                "device.bits_per_cell=4",
+            ],
+            "device.cells_per_weight=2",
+        ),
+        (
+            ["algo=brecq", "algo.device_aware=true", "device=cim", "device.adc_bits=4", "dtype=uint8"],
+            "with dtype.weight=uint8: asymmetric weight grids",
+        ),
+        (
+            ["algo=brecq", "device=cim", "device.adc_bits=4", "device.adc_range=learned"],
+            "device.adc_range=learned takes the ADC steps that device-aware learning learned",
+        ),
     ],
 )
 def test_bad_combinations_are_refused_by_name(overrides: list[str], message: str) -> None:

@@ -41,6 +41,7 @@ def params(*overrides: str) -> dict:
         "raised_layers=[activation_6_1/Relu]",  # mixed precision: each step is its own result
         "layer_analysis=false",  # what the run holds: a lean run is not reused by a sweep that wants it
         "mlflow.log_models=false",
+        "algo.device_aware=true",
     ],
 )
 def test_config_hash_changes_with_what_changes_the_result(override: str) -> None:
@@ -98,3 +99,20 @@ def test_config_hash_of_runs_without_raised_layers_is_the_one_before_mixed_preci
     assert config_hash(before, IDENTITY) == config_hash(params(), IDENTITY)
     one, two = params("raised_layers=[conv2d_1]"), params("raised_layers=[conv2d_1,conv2d_1_2]")
     assert len({config_hash(one, IDENTITY), config_hash(two, IDENTITY), config_hash(params(), IDENTITY)}) == 3
+
+
+def test_device_aware_learning_quantizes_per_crossbar_it_learns_against() -> None:
+    """A device sweep shares one quantization (the key without the device settings), unless the
+    quantization learned against the device: then each crossbar the learning sees is its own."""
+    from resnet8ptq.algorithms import AlgoConfig
+    from resnet8ptq.resolve import learned_on, without_device
+
+    def key(algo: AlgoConfig, *overrides: str) -> str:
+        return config_hash(without_device(params("device=cim", *overrides), learned_on(algo)), IDENTITY)
+
+    plain, aware = AlgoConfig(["brecq"]), AlgoConfig(["brecq"], device_aware=True)
+    four, five = "device.adc_bits=4", "device.adc_bits=5"
+    assert key(plain, four) == key(plain, five)
+    assert key(aware, four) != key(aware, five)
+    assert key(aware, four, "device.adc_range=learned") == key(aware, four)  # the evaluation's rule
+    assert key(aware, four, "device.weight_noise=0.1") == key(aware, four)  # not seen while learning

@@ -67,3 +67,34 @@ def test_the_step_learns_through_the_straight_through_gradient() -> None:
     assert torch.mean((step(x) - x) ** 2).item() < before / 4
     step.freeze()
     assert not step.ratio.requires_grad
+
+
+@pytest.mark.parametrize("per_channel", [True, False])
+def test_the_range_ends_keep_their_rounding_so_the_backends_find_the_same_grid(per_channel: bool) -> None:
+    """Every element rounded the other way than nearest (the most any learning can do): the elements that
+    set each channel's range still round to nearest, and the grid computed again from the learned weights,
+    as ONNX Runtime and PyTorch compute it, is the same grid and gives back the same integers. (Symmetric
+    weights: an asymmetric grid's ends are not on the grid, so computing it again moves it even under nearest
+    rounding.)"""
+    from resnet8ptq.algorithms._rounding import SoftRounding
+    from resnet8ptq.calibration import CalibConfig
+    from resnet8ptq.dtype import DtypeConfig
+    from resnet8ptq.spec import QuantSpec
+    from resnet8ptq.weight_grid import weight_grid
+
+    spec = QuantSpec(DtypeConfig("uint8", "int8"), CalibConfig("minmax"), per_channel=per_channel)
+    weight = np.random.default_rng(5).normal(0, 0.1, (6, 4, 3, 3)).astype(np.float32)
+    weight[1, 0, 0, 0] = -0.5  # a channel whose range is set by its negative end
+    grid = weight_grid(weight, 0, spec)
+    rounding = SoftRounding(weight, grid)
+    with torch.no_grad():
+        rounding.v.copy_(torch.where(rounding.nearest > 0, -10.0, 10.0))  # every element the other way
+    rounding.hard = True
+    integers = rounding.integers()
+    nearest = grid.quantize(weight)
+    assert np.mean(integers != nearest) > 0.9
+    learned = grid.dequantize(integers)
+    again = weight_grid(learned, 0, spec)
+    np.testing.assert_array_equal(again.scale, grid.scale)
+    np.testing.assert_array_equal(again.zero_point, grid.zero_point)
+    np.testing.assert_array_equal(again.quantize(learned), integers)

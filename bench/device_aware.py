@@ -1,0 +1,67 @@
+"""What learning against the crossbar costs: BRECQ's block reconstruction with and without the device in the
+loop (`algo.device_aware`), on the default calibration sample, one learning thread as in a run, printed as
+seconds and as the ratio (compare ratios measured in one run: speeds move between runs and machines).
+
+Usage: RESNET8PTQ_ASSETS=../shared python bench/device_aware.py [--iterations 200] [--rows 128]
+       [--adc-bits 4] [--granularity column]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from resnet8ptq.algorithms import AlgoConfig, prepare  # noqa: E402
+from resnet8ptq.calibration import CalibConfig  # noqa: E402
+from resnet8ptq.data import calibration_set, load_cifar10  # noqa: E402
+from resnet8ptq.device.config import Crossbar  # noqa: E402
+from resnet8ptq.dtype import DtypeConfig  # noqa: E402
+from resnet8ptq.fetch import ASSETS_ENV  # noqa: E402
+from resnet8ptq.hardware import detect  # noqa: E402
+from resnet8ptq.model import MODEL_FILENAME, MODEL_SHA256, canonical_onnx, resolve_h5  # noqa: E402
+from resnet8ptq.spec import QuantSpec  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--iterations", type=int, default=200, help="Adam steps per block (a run: 2000)")
+    parser.add_argument("--rows", type=int, default=128)
+    parser.add_argument("--adc-bits", type=int, default=4)
+    parser.add_argument("--granularity", default="column", choices=["layer", "tile", "column"])
+    args = parser.parse_args()
+
+    import os
+
+    assets = Path(os.environ.get(ASSETS_ENV, REPO.parent / "shared"))
+    with tempfile.TemporaryDirectory() as scratch:
+        work = Path(scratch)
+        h5, sha256 = resolve_h5(assets / "models" / MODEL_FILENAME, MODEL_SHA256, work)
+        model = canonical_onnx(h5, sha256, work)
+        images, _ = calibration_set(load_cifar10(assets, download=False), 100, 42)
+        spec = QuantSpec(DtypeConfig("int8", "int8"), CalibConfig("minmax"), per_channel=True)
+        crossbar = Crossbar(rows=args.rows, adc_bits=args.adc_bits, adc_granularity=args.granularity)
+        seconds = {}
+        for aware in (False, True):
+            algo = AlgoConfig(["brecq"], brecq_iterations=args.iterations, device_aware=aware)
+            start = time.perf_counter()
+            prepare(algo, model.onnx_path, images, spec, work / str(aware), seed=42, crossbar=crossbar)
+            seconds[aware] = time.perf_counter() - start
+    print(f"CPU: {detect().label}; {args.iterations} iterations per block, 1,000 calibration images")
+    print(f"BRECQ:                        {seconds[False]:7.1f} s")
+    print(
+        f"BRECQ against the crossbar:   {seconds[True]:7.1f} s  (rows {args.rows}, {args.adc_bits}-bit ADCs "
+        f"per {args.granularity})"
+    )
+    print(f"ratio:                        {seconds[True] / seconds[False]:7.2f} x")
+
+
+if __name__ == "__main__":
+    main()
