@@ -86,8 +86,13 @@ class CrossbarLayer(torch.nn.Module):
         super().__init__()
         children = list(original) if isinstance(original, torch.nn.Sequential) else [original]
         *self.before, self.layer = children
-        if not isinstance(self.layer, torch.nn.Conv2d | torch.nn.Linear):
-            raise RuntimeError(f"{name}: device-aware learning computes Conv2d and Linear layers only.")
+        if (
+            not isinstance(self.layer, torch.nn.Conv2d | torch.nn.Linear)
+            or getattr(self.layer, "groups", 1) != 1
+        ):
+            raise RuntimeError(
+                f"{name}: device-aware learning computes ungrouped Conv2d and Linear layers only."
+            )
         self.name, self.original, self.input_step, self.crossbar = name, original, input_step, crossbar
         self.register_buffer("weight_scale", rounding.scale.reshape(-1))
         terms = int(np.prod(self.layer.weight.shape[1:]))

@@ -105,6 +105,26 @@ def run_cli(cli_env: dict[str, str]):
     return run
 
 
+@pytest.fixture(scope="session")
+def sweep_store(run_cli, initialised_store: Path, tmp_path_factory: pytest.TempPathFactory):
+    """Run `python run.py ARGS` in a new working directory with a store of its own; return the directory
+    and its quantized runs, oldest first (the command must succeed)."""
+
+    def sweep(name: str, *args: str) -> tuple[Path, list[Run]]:
+        workdir = tmp_path_factory.mktemp(name)
+        shutil.copy(initialised_store, workdir / "mlflow.db")
+        result = run_cli(workdir, *args)
+        assert result.returncode == 0, result.stderr[-3000:]
+        client = MlflowClient(f"sqlite:///{workdir / 'mlflow.db'}")
+        experiment = client.get_experiment_by_name("resnet8ptq")
+        runs = client.search_runs(
+            [experiment.experiment_id], "tags.quantized = 'true'", order_by=["attributes.start_time ASC"]
+        )
+        return workdir, runs
+
+    return sweep
+
+
 TOOLCHAIN_SWEEP = ("-m", "backend=onnx,torch,tflite", "dtype=int8", "per_channel=true", "device=integer")
 """The issue-12 command: the three toolchains' int8 beside MLPerf Tiny's own model; each also on the ideal
 integer device (issue 22)."""

@@ -7,7 +7,6 @@ of the full learning is measured in docs/device.md."""
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -39,14 +38,8 @@ SWEEP = (
 
 
 @pytest.fixture(scope="module")
-def runs(run_cli, initialised_store: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
-    workdir = tmp_path_factory.mktemp("device-aware")
-    shutil.copy(initialised_store, workdir / "mlflow.db")
-    result = run_cli(workdir, *SWEEP)
-    assert result.returncode == 0, result.stderr[-3000:]
-    client = MlflowClient(f"sqlite:///{workdir / 'mlflow.db'}")
-    experiment = client.get_experiment_by_name("resnet8ptq")
-    found: list[Run] = client.search_runs([experiment.experiment_id], "tags.quantized = 'true'")
+def runs(sweep_store) -> tuple[Path, dict[str, Run]]:
+    workdir, found = sweep_store("device-aware", *SWEEP)
     return workdir, {run.data.tags["device.adc_range"]: run for run in found}
 
 
@@ -54,7 +47,8 @@ def test_one_learning_serves_both_adc_rules(runs: tuple[Path, dict]) -> None:
     _, by_rule = runs
     learned, recalibrated = by_rule["learned"], by_rule["mse"]
     assert learned.info.status == recalibrated.info.status == "FINISHED"
-    assert learned.info.run_name.endswith("-brecq-cim-r128-adc4-learned")
+    assert learned.info.run_name.endswith("-brecq-aware-cim-r128-adc4-learned")
+    assert learned.data.tags["algo.device_aware"] == "true"
     assert learned.data.params["algo.device_aware"] == "True"
     assert learned.data.tags["algo.brecq_adcs"] == str(COLUMNS)  # one learned step per ADC column
     first, second = sorted((learned, recalibrated), key=lambda run: run.info.start_time)

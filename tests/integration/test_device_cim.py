@@ -8,7 +8,6 @@ module, so that it runs in another xdist worker than the shared sweep."""
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -52,19 +51,8 @@ COLUMNS = 16 + 2 * 16 * 2 + 2 * 32 + 32 * 3 + 32 + 64 * 3 + 64 * 5 + 64 + 10
 
 
 @pytest.fixture(scope="module")
-def cim_runs(
-    run_cli, initialised_store: Path, tmp_path_factory: pytest.TempPathFactory
-) -> tuple[Path, list[Run]]:
-    workdir = tmp_path_factory.mktemp("cim")
-    shutil.copy(initialised_store, workdir / "mlflow.db")
-    result = run_cli(workdir, *CIM_SWEEP)
-    assert result.returncode == 0, result.stderr[-3000:]
-    client = MlflowClient(f"sqlite:///{workdir / 'mlflow.db'}")
-    experiment = client.get_experiment_by_name("resnet8ptq")
-    runs = client.search_runs(
-        [experiment.experiment_id], "tags.quantized = 'true'", order_by=["attributes.start_time ASC"]
-    )
-    return workdir, runs
+def cim_runs(sweep_store) -> tuple[Path, list[Run]]:
+    return sweep_store("cim", *CIM_SWEEP)
 
 
 def pick(runs: list[Run], adc_range: str, corrected: bool = False) -> Run:
