@@ -54,38 +54,8 @@ def device_section(report: Report) -> list[str]:
         f"worst layer: the lowest SQNR of its outputs against the integer device ({SQNR_IMAGES} images).",
         Table(headers, rows).markdown(),
     ]
-    return section + seed_spread(runs) + device_map(report, runs) + effect_charts(report, runs)
+    return section + device_map(report, runs) + effect_charts(report, runs)
 
-
-def seed_spread(runs: pd.DataFrame) -> list[str]:
-    """Accuracy on the device, mean ± std over calibration samples (``data.seed``), of every model and
-    device that ran with more than one: a plain model with calibrated ADC ranges beside one learned against
-    the device (``algo ... device-aware``, ``-learned``), cell by cell."""
-    seeded = runs[runs["seed"] != ""]
-    if seeded.empty:
-        return []
-    groups = seeded.groupby("settings", sort=False)
-    spread = groups["accuracy_device"].agg(["mean", "std", "min", "max", "count"]) * 100
-    spread = spread.join(groups[["model", "device"]].first()).join(groups["seed"].nunique().rename("seeds"))
-    spread = spread[spread["seeds"] > 1].sort_values(["device", "mean"], ascending=[True, False])
-    if spread.empty:
-        return []
-    rows = [
-        [
-            row.device,
-            row.model,
-            str(row.seeds),
-            f"{row.mean:.2f} ± {row.std:.2f}",
-            f"{row.min:.2f}-{row.max:.2f}",
-        ]
-        for row in spread.itertuples()
-    ]
-    headers = ["device", "model", "seeds", "on device % (mean ± std)", "min-max %"]
-    return [
-        "Over calibration samples (`data.seed`; each seed draws another calibration sample, and the ADC "
-        "ranges and any learning are made from it):",
-        Table(headers, rows).markdown(),
-    ]
 
 
 def device_map(report: Report, runs: pd.DataFrame) -> list[str]:
