@@ -57,7 +57,6 @@ def device_section(report: Report) -> list[str]:
     return section + device_map(report, runs) + effect_charts(report, runs)
 
 
-
 def device_map(report: Report, runs: pd.DataFrame) -> list[str]:
     """Accuracy on the device over the first two crossbar settings of :data:`MAP_AXES` the sweep varies (ADC
     bits × rows, typically), one panel per model and per value of the other settings."""
