@@ -45,6 +45,8 @@ from resnet8ptq.device.adc import (
 from resnet8ptq.device.cim import tile_sizes
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from resnet8ptq.algorithms._rounding import SoftRounding
     from resnet8ptq.device.config import Crossbar
     from resnet8ptq.simulation import LearnedStep
@@ -93,12 +95,18 @@ class CrossbarLayer(torch.nn.Module):
             raise RuntimeError(
                 f"{name}: device-aware learning computes ungrouped Conv2d and Linear layers only."
             )
-        self.name, self.original, self.input_step, self.crossbar = name, original, input_step, crossbar
+        self.name, self.input_step, self.crossbar = name, input_step, crossbar
         self.register_buffer("weight_scale", rounding.scale.reshape(-1))
-        terms = int(np.prod(self.layer.weight.shape[1:]))
+        outputs, *rows = self.layer.weight.shape  # rows: (C_in, kh, kw), or (inputs,) for a Linear
+        terms = int(np.prod(rows))
         bounds = np.cumsum([0, *tile_sizes(terms, crossbar.rows)])
         self.tiles = [(int(low), int(high)) for low, high in itertools.pairwise(bounds)]
-        outputs = self.layer.weight.shape[0]
+        kernel = int(np.prod(rows[1:]))  # a channel's kh·kw terms (term order: c, kh, kw); 1 for a Linear
+        self.channels = [slice(low // kernel, -(-high // kernel)) for low, high in self.tiles]
+        for index, (low, high) in enumerate(self.tiles):  # each tile's rows, over the channels it touches
+            mask = torch.zeros(terms)
+            mask[low:high] = 1
+            self.register_buffer(f"rows_{index}", mask.reshape(rows)[self.channels[index]])
         self.geometry = Geometry(len(self.tiles), 1, outputs)
         self.profile: PartialSumProfile | None = None
         self.log_step: torch.nn.Parameter | None = None
@@ -153,7 +161,7 @@ class CrossbarLayer(torch.nn.Module):
             x = module(x)
         shape = (-1,) + (1,) * (self.layer.weight.dim() - 1)
         weight = self.layer.weight / self.weight_scale.reshape(shape)  # centred weight integers
-        partials = [self._partial(x, weight, low, high) for low, high in self.tiles]
+        partials = [self._partial(x, weight, tile) for tile in range(len(self.tiles))]
         if self.profile is not None:
             self.profile.add(self.name, self.geometry, torch.cat(partials, dim=1))
         if self.log_step is not None:
@@ -166,17 +174,16 @@ class CrossbarLayer(torch.nn.Module):
         bias = self.layer.bias
         return out if bias is None else out + bias.reshape(scale.shape)
 
-    def _partial(self, x: torch.Tensor, weight: torch.Tensor, low: int, high: int) -> torch.Tensor:
-        """One row tile's partial sums: the terms ``low``..``high`` of every output's dot product."""
+    def _partial(self, x: torch.Tensor, weight: torch.Tensor, tile: int) -> torch.Tensor:
+        """One row tile's partial sums: its terms of every output's dot product."""
         if isinstance(self.layer, torch.nn.Linear):
+            low, high = self.tiles[tile]
             return x[:, low:high] @ weight[:, low:high].T
-        kernel = int(np.prod(weight.shape[2:]))
-        channels = slice(low // kernel, -(-high // kernel))
-        mask = torch.zeros(weight[0].numel(), dtype=weight.dtype)
-        mask[low:high] = 1
-        tile = (weight * mask.reshape(weight.shape[1:]))[:, channels]
-        conv = self.layer
-        return F.conv2d(x[:, channels], tile, None, conv.stride, conv.padding, conv.dilation)
+        channels, conv = self.channels[tile], self.layer
+        rows = getattr(self, f"rows_{tile}")
+        return F.conv2d(
+            x[:, channels], weight[:, channels] * rows, None, conv.stride, conv.padding, conv.dilation
+        )
 
     def _read(self, partials: list[torch.Tensor]) -> list[torch.Tensor]:
         """Each tile's partial sums through its columns' ADCs."""
@@ -223,7 +230,7 @@ def _reduced(gradient: torch.Tensor, shape: torch.Size) -> torch.Tensor:
     return gradient.sum(dim=[d for d, size in enumerate(shape) if size == 1], keepdim=True)
 
 
-def calibrate(layers: list[CrossbarLayer], run: object, crossbar: Crossbar) -> None:
+def calibrate(layers: list[CrossbarLayer], run: Callable[[], object], crossbar: Crossbar) -> None:
     """Start ``layers``' ADCs from the ``mse`` rule on their partial sums, read exactly, while ``run()``
     computes their block on the calibration images."""
     profile = PartialSumProfile()
