@@ -177,6 +177,12 @@ def check_device_aware(algo: AlgoConfig, device: DeviceConfig, spec: QuantSpec) 
             "learned; use int8 weights (dtype=int8 or u8s8)."
         )
     check_learnable(device.crossbar())
+    if algo.device_noise and not device.draws_cells():
+        raise ValueError(
+            "algo.device_noise=true draws the chip's cell effects while learning, and this crossbar has "
+            "none; set device.weight_noise, device.stuck_off/stuck_on, device.drift or device.charge_loss "
+            "(or a chip preset: device/chip=...), or leave algo.device_noise=false."
+        )
 
 
 def check_device(device: DeviceConfig, spec: QuantSpec) -> None:

@@ -18,7 +18,7 @@ from resnet8ptq import hardware
 from resnet8ptq.algorithms import AlgoConfig
 from resnet8ptq.backends.base import Backend
 from resnet8ptq.config import quant_spec
-from resnet8ptq.device.config import LEARNED_SETTINGS, DeviceConfig
+from resnet8ptq.device.config import DeviceConfig, learned_settings
 from resnet8ptq.errors import ConfigError, ModelError
 from resnet8ptq.layers import check_layer_bits, check_raised
 from resnet8ptq.mcu.config import McuConfig, mcu_settings
@@ -82,6 +82,7 @@ def resolve(cfg: DictConfig, extra_tags: Mapping[str, str] | None, shared: Share
         "calib": spec.calib.method,
         "algo": "+".join(algo.steps) or "none",
         **({"algo.device_aware": "true"} if algo.device_aware else {}),
+        **({"algo.device_noise": "true"} if algo.device_noise else {}),
         "per_channel": str(spec.per_channel).lower(),
         "reduce_range": str(spec.reduce_range).lower(),
         "config_hash": config_hash(params, identity),
@@ -107,13 +108,15 @@ def chip_tag() -> dict[str, str]:
 
 def name_of_run(backend: str, spec: QuantSpec, algo: AlgoConfig, device: DeviceConfig) -> str:
     """A quantized run's name: backend, types, calibration, granularity, then what is not the default (the
-    algorithms, ``-aware`` when they learned against the device, raised or mixed layers, the device):
+    algorithms, ``-aware`` when they learned against the device, ``-noisy`` on noisy chips, raised or mixed
+    layers, the device):
     ``onnx-int8-int8-minmax-pc-cle-cim-r128-adc4``,
     ``onnx-int8-int8-minmax-pc-brecq-aware-cim-r128-adc4-learned``."""
     granularity = ("pc" if spec.per_channel else "pt") + ("-rr" if spec.reduce_range else "")
     weights = "-wmse" if spec.calib.weights == "mse" else ""
     name = f"{backend}-{spec.dtype.label}-{spec.calib.method}{weights}-{granularity}"
     name += "".join(f"-{step}" for step in algo.steps) + ("-aware" if algo.device_aware else "")
+    name += "-noisy" if algo.device_noise else ""
     name += f"-raised{len(spec.raised_layers)}" if spec.raised_layers else ""
     name += f"-mix{len(spec.layer_bits)}" if spec.layer_bits else ""
     return name + (f"-{device.label}" if device.enabled else "")
@@ -132,7 +135,7 @@ def without_device(params: Mapping[str, object], keep: tuple[str, ...] = ()) -> 
 
 def learned_on(algo: AlgoConfig) -> tuple[str, ...]:
     """The device settings a quantization depends on: those device-aware learning sees, else none."""
-    return LEARNED_SETTINGS if algo.device_aware else ()
+    return learned_settings(algo.device_noise) if algo.device_aware else ()
 
 
 def make_backend(cfg: DictConfig, shared: Shared) -> Backend:

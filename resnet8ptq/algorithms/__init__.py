@@ -31,7 +31,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
 from resnet8ptq.algorithms.base import Algorithm, Context, Prepared, registered
-from resnet8ptq.device.config import LEARNED_SETTINGS, Crossbar
+from resnet8ptq.device.config import Crossbar, learned_settings
 from resnet8ptq.spec import QuantSpec
 
 
@@ -71,6 +71,11 @@ class _AlgoSettings:
     """Learn against the run's crossbar (`device=cim`; :mod:`._crossbar`): the weights' rounding, the
     activations' and the ADCs' steps through its row tiles and ADCs. A step that can (``DEVICE_AWARE``:
     ``brecq``, ``qdrop``) must be among the steps."""
+    device_noise: bool = False
+    """With ``device_aware``: learn on noisy chips, every iteration a new one, its cells drawn with the
+    crossbar's cell effects (programming noise, stuck cells, drift or charge loss at ``device.t_inference``
+    with its compensation; :mod:`._crossbar`), so that the rounding and the steps hold on a programmed
+    chip."""
     reuse: bool = True
     """Take the steps' output from ``cache_dir`` when a run with the same inputs computed it
     (:mod:`._cache`): a sweep over backends learns once. False: compute it again (and store it)."""
@@ -93,6 +98,11 @@ class _AlgoSettings:
             raise ValueError(
                 f"algo.device_aware=true with algo.steps={list(self.steps)}: none of them learns against "
                 f"a device; use one of {', '.join(able)} (e.g. algo=brecq)."
+            )
+        if self.device_noise and not self.device_aware:
+            raise ValueError(
+                "algo.device_noise=true learns on noisy chips, which only device-aware learning does; set "
+                "algo.device_aware=true too."
             )
 
     def parameters(self, name: str) -> Any:
@@ -166,7 +176,7 @@ def prepare(
         return Prepared(onnx_path)
     from resnet8ptq.algorithms import _cache
 
-    learned_on = crossbar if algo.device_aware else None
+    learned_on = crossbar.learned(algo.device_noise) if algo.device_aware and crossbar else None
     inputs = (algo, onnx_path, calibration_images, spec, workdir, seed, learned_on)
     if cache_dir is None:
         return _apply(*inputs)
@@ -174,7 +184,7 @@ def prepare(
         prepared = _apply(*inputs)
         return dataclasses.replace(prepared, tags=prepared.tags | {REUSED_TAG: "false"})
     steps = {name: algo.parameters(name) for name in algo.steps}
-    device = learning_settings(learned_on) if learned_on is not None else None
+    device = learning_settings(learned_on, algo.device_noise) if learned_on is not None else None
     entry_key = _cache.key(onnx_path, calibration_images, spec, steps, seed, device)
     with _cache.computing(cache_dir, entry_key):  # a parallel job with the same key waits, then reuses
         found = _cache.load(cache_dir, entry_key, workdir)
@@ -189,10 +199,10 @@ REUSED_TAG = "algo.reused"
 """``true`` when a run took its algorithms' output from an earlier run's (`algo.reuse`)."""
 
 
-def learning_settings(crossbar: Crossbar) -> dict[str, object]:
-    """The crossbar settings device-aware learning sees (:mod:`._crossbar`): a run that changes any of them
-    learns again."""
-    return {name: getattr(crossbar, name) for name in LEARNED_SETTINGS}
+def learning_settings(crossbar: Crossbar, noisy: bool) -> dict[str, object]:
+    """The crossbar settings device-aware learning sees (:mod:`._crossbar`; ``noisy``: on noisy chips): a run
+    that changes any of them learns again."""
+    return {name: getattr(crossbar, name) for name in learned_settings(noisy)}
 
 
 def _apply(

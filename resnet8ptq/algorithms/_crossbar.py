@@ -20,10 +20,21 @@ Per layer, on the integers the device sees:
 
 Each block's ADCs start from the ``mse`` rule (:func:`resnet8ptq.device.adc.calibrated_steps`) on the
 partial sums of the block's input (the blocks before it already on their learned crossbar), read exactly, as
-the device calibrates on its ideal crossbar. What the learning does not see: bit-serial inputs
-(``device.dac_bits`` < 8), weights sliced over several cells, a clipping DAC, and every random or analog
-effect (programming and read noise, stuck cells, drift, IR drop, ADC errors):
-``device.config.check_learnable`` refuses those layouts, and the effects are only evaluated.
+the device calibrates on its ideal crossbar.
+
+**Noisy chips** (``algo.device_noise``): while a block learns, every iteration runs on a newly drawn chip,
+its cells through the crossbar's own cell effects (:mod:`resnet8ptq.device.effects`, ``program`` then
+``perturb``: programming noise, stuck cells, drift or charge loss at ``device.t_inference``), with the
+layer's drift compensation (:func:`resnet8ptq.device.cim.drift_compensation`) where the crossbar has it: the
+noise injection of aihwkit's hardware-aware training, here after training, on the learned rounding and steps.
+The cells' change is added as a constant (the gradient reaches the weight as if the cell held it exactly).
+The chips come from a generator of each layer's own (seeded from the calibration seed and the layer's
+name), never from the chips the device evaluation draws (``torch.Generator().manual_seed(seed)``,
+``device.noise_seeds``). Calibrating the ADCs and passing a learned block's output on run the ideal chip.
+
+What the learning does not see: bit-serial inputs (``device.dac_bits`` < 8), weights sliced over several
+cells, a clipping DAC (``device.config.check_learnable`` refuses those layouts), and the effects of a read
+(read noise, IR drop) and of the ADCs (offset, gain, INL, noise), which are only evaluated.
 """
 
 from __future__ import annotations
@@ -42,7 +53,8 @@ from resnet8ptq.device.adc import (
     PartialSumProfile,
     calibrated_steps,
 )
-from resnet8ptq.device.cim import tile_sizes
+from resnet8ptq.device.cim import drift_compensation, tile_sizes
+from resnet8ptq.device.effects import Site, configured
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -75,7 +87,8 @@ class CrossbarLayer(torch.nn.Module):
     the onnx2torch module (a ``Conv2d``/``Linear``, or a pad followed by one), its weight already the soft
     rounding's; ``rounding``: that soft rounding (its scale is the weight's); ``input_step``: the quantizer
     of the layer's input. Until :meth:`start` the ADC is exact, and with ``profile`` set every batch's partial
-    sums are added to it."""
+    sums are added to it. While :attr:`noisy`, every forward pass runs on a new chip drawn with ``crossbar``'s
+    cell effects from ``seed`` (module docstring)."""
 
     def __init__(
         self,
@@ -84,6 +97,7 @@ class CrossbarLayer(torch.nn.Module):
         rounding: SoftRounding,
         input_step: LearnedStep,
         crossbar: Crossbar,
+        seed: int = 0,
     ) -> None:
         super().__init__()
         children = list(original) if isinstance(original, torch.nn.Sequential) else [original]
@@ -111,6 +125,10 @@ class CrossbarLayer(torch.nn.Module):
         self.profile: PartialSumProfile | None = None
         self.log_step: torch.nn.Parameter | None = None
         self.frozen: torch.Tensor | None = None
+        self.program, self.perturb = configured(crossbar, "program"), configured(crossbar, "perturb")
+        self.site = Site(seed, name)
+        self.chips = self.site.chip_generator("device-aware learning")
+        self.noisy = False
 
     def start(self, steps: LayerSteps) -> None:
         """Put the ADCs at ``steps`` (the calibrated ones) and learn from there."""
@@ -161,18 +179,42 @@ class CrossbarLayer(torch.nn.Module):
             x = module(x)
         shape = (-1,) + (1,) * (self.layer.weight.dim() - 1)
         weight = self.layer.weight / self.weight_scale.reshape(shape)  # centred weight integers
+        compensation = None
+        if self.noisy and (self.program or self.perturb):
+            weight, compensation = self.on_a_new_chip(weight)
         partials = [self._partial(x, weight, tile) for tile in range(len(self.tiles))]
         if self.profile is not None:
             self.profile.add(self.name, self.geometry, torch.cat(partials, dim=1))
         if self.log_step is not None:
             partials = self._read(partials)
         accumulator = sum(partials)
-        if self.log_step is not None and self.crossbar.adc_step == "free":
+        if compensation is not None:
+            accumulator = accumulator * compensation  # the digital side scales the column sums
+        if self.log_step is not None and (self.crossbar.adc_step == "free" or compensation is not None):
             accumulator = round_ste(accumulator)  # the device's fixed-point sum, rounded once to an integer
         scale = (input_scale * self.weight_scale).reshape((1, -1) + (1,) * (x.dim() - 2))
         out = accumulator * scale
         bias = self.layer.bias
         return out if bias is None else out + bias.reshape(scale.shape)
+
+    def on_a_new_chip(self, weight: torch.Tensor) -> tuple[torch.Tensor, float | None]:
+        """``weight`` (centred integers, one cell each: sign · level) as a newly drawn chip holds it: the
+        ``program`` effects, then the ``perturb`` effects, as the device applies them
+        (:meth:`resnet8ptq.device.cim.CrossbarArithmetic.weight_slices`), their change added as a constant;
+        and the layer's drift compensation, if the crossbar has it (else ``None``)."""
+        with torch.no_grad():
+            cells = weight.detach().to(torch.float64).reshape(len(weight), -1)
+            programmed = cells
+            for effect in self.program:
+                programmed = effect.apply(programmed, self.crossbar, self.chips, self.site)
+            held = programmed
+            for effect in self.perturb:
+                held = effect.apply(held, self.crossbar, self.chips, self.site)
+            change = (held - cells).reshape(weight.shape).to(weight.dtype)
+        compensation = (
+            drift_compensation([programmed], [(held, 0)]) if self.crossbar.drift_compensation else None
+        )
+        return weight + change, compensation
 
     def _partial(self, x: torch.Tensor, weight: torch.Tensor, tile: int) -> torch.Tensor:
         """One row tile's partial sums: its terms of every output's dot product."""

@@ -215,7 +215,7 @@ def crossbar_layers(
             raise RuntimeError(f"device-aware learning: {node}'s input {tensor} is not quantized.")
         step = simulated.quantizers[simulated.stored[tensor]]
         original = simulated.gm.get_submodule(node)
-        layers[node] = CrossbarLayer(node, original, rounded.rounding, step, context.crossbar)
+        layers[node] = CrossbarLayer(node, original, rounded.rounding, step, context.crossbar, context.seed)
         parent, _, child = node.rpartition(".")
         setattr(simulated.gm.get_submodule(parent) if parent else simulated.gm, child, layers[node])
     return layers
@@ -282,6 +282,8 @@ def _learn(
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, [lambda _: 1.0, cosine, cosine])
     for step in steps:
         step.drop_prob = drop_prob
+    for adc in adcs:
+        adc.noisy = True  # a new chip per iteration, where the crossbar's cells draw (algo.device_noise)
     for iteration in range(iterations):
         index = torch.randint(len(quantized_input), (batch,))
         inputs = quantized_input[index]
@@ -301,4 +303,5 @@ def _learn(
         step.drop_prob = 0.0
         step.freeze()
     for adc in adcs:
+        adc.noisy = False
         adc.freeze()

@@ -31,7 +31,8 @@ _REGISTRY: dict[str, type[Algorithm]] = {}
 class Context:
     """What an algorithm may use besides the model: the calibration images (NHWC float32 raw 0-255), the
     quantization it prepares the model for, the run's seed (``data.seed``) and, with
-    ``algo.device_aware=true``, the crossbar to learn against; and where it leaves the activation ranges it
+    ``algo.device_aware=true``, the crossbar to learn against (what the learning sees of it:
+    :meth:`~resnet8ptq.device.config.Crossbar.learned`); and where it leaves the activation ranges it
     learned (``ranges``: ONNX tensor -> (min, max)), which the backends then use instead of calibrating
     those tensors, and the ADC steps it learned (``adc_steps``: layer -> steps), which the device uses with
     ``device.adc_range=learned``."""

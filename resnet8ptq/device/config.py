@@ -42,6 +42,20 @@ LEARNED_SETTINGS = (
 )  # fmt: skip
 """The crossbar settings device-aware learning sees (``algo.device_aware``: its partial sums and ADCs): the
 algorithm cache's key and the shared quantization's key include them."""
+CELL_EFFECT_SETTINGS = (
+    "bits_per_cell", "weight_noise", "weight_noise_model", "stuck_off", "stuck_on", "drift", "t_inference",
+    "drift_t0", "drift_nu_mean", "drift_nu_std", "charge_loss", "drift_compensation",
+)  # fmt: skip
+"""The settings of the effects on the cells (``program`` and ``perturb``: programming noise, stuck cells,
+drift, charge loss, and drift's compensation), which learning on noisy chips (``algo.device_noise``) draws
+too."""
+
+
+def learned_settings(noisy: bool) -> tuple[str, ...]:
+    """The crossbar settings a device-aware learning depends on: :data:`LEARNED_SETTINGS`, and on noisy chips
+    (``algo.device_noise``) the cell effects' (:data:`CELL_EFFECT_SETTINGS`)."""
+    extra = tuple(name for name in CELL_EFFECT_SETTINGS if name not in LEARNED_SETTINGS) if noisy else ()
+    return LEARNED_SETTINGS + extra
 
 
 @dataclass
@@ -100,6 +114,21 @@ class Crossbar:
         every chip of it shares (tiles, slices, DAC, ADC and its ranges, IR drop, ADC INL)."""
         drawn = {item.name: item.default for item in fields(Crossbar) if item.metadata.get("draws")}
         return Crossbar(**{item.name: getattr(self, item.name) for item in fields(Crossbar)} | drawn)
+
+    def draws_cells(self) -> bool:
+        """Some random effect on the cells is on (a :data:`DRAWN` setting of :data:`CELL_EFFECT_SETTINGS`
+        away from its default): each chip's cells differ."""
+        return any(
+            item.metadata.get("draws") and getattr(self, item.name) != item.default
+            for item in fields(Crossbar)
+            if item.name in CELL_EFFECT_SETTINGS
+        )
+
+    def learned(self, noisy: bool) -> Crossbar:
+        """What device-aware learning sees of this crossbar (:func:`learned_settings`: with ``noisy``, the
+        cells' effects too); every other setting at its ideal default (no read noise, IR drop or ADC
+        errors)."""
+        return Crossbar(**{name: getattr(self, name) for name in learned_settings(noisy)})
 
 
 CROSSBAR_DEFAULTS = {item.name: item.default for item in fields(Crossbar)}

@@ -59,7 +59,8 @@ def device_section(report: Report) -> list[str]:
 
 def device_map(report: Report, runs: pd.DataFrame) -> list[str]:
     """Accuracy on the device over the first two crossbar settings of :data:`MAP_AXES` the sweep varies (ADC
-    bits × rows, typically), one panel per model and per value of the other settings."""
+    bits × rows, typically), one panel per model (plain and device-aware apart) and per value of the other
+    settings; a cell with runs from several calibration seeds shows their mean, and ± their std."""
     crossbar = runs[runs["device"].str.startswith("cim")]
     varied = [s for s in MAP_AXES if crossbar[f"device_{s}"].nunique() > 1]  # in MAP_AXES's order
     if len(varied) < 2:
@@ -75,25 +76,31 @@ def device_map(report: Report, runs: pd.DataFrame) -> list[str]:
             for name, value in zip(others, key[1:], strict=True)
             if pd.notna(value) and crossbar[name].nunique() > 1
         )
-        cells = group.drop_duplicates([x, y]).set_index([y, x])["accuracy_device"] * 100
-        grid = cells.unstack()
-        grid.index = [_axis(v) for v in grid.index]
-        grid.columns = [_axis(v) for v in grid.columns]
+        cells = over_seeds(group, [y, x])
+        grid, spread = (_ideal_first(cells[column].unstack()) for column in ("accuracy", "spread"))
+        for frame in (grid, spread):
+            frame.index = [_axis(v) for v in frame.index]
+            frame.columns = [_axis(v) for v in frame.columns]
         if grid.notna().to_numpy().sum() < 2:
             continue  # a single configuration: nothing to map
         maps[title] = grid
-        marks[title] = grid.map(lambda _: "")
+        marks[title] = spread.map(lambda std: f"±{std:.1f}" if pd.notna(std) else "")
     if not maps:
         return []
     path = report.out_dir / DEVICE_MAP_PNG
     labels = (varied[0].replace("_", " "), varied[1].replace("_", " "))
     drawing = draw(accuracy_map_png, maps, marks, path, labels, "Accuracy on the device (%; grey: not run)")
-    lines = [f"Accuracy on the device (%) over {labels[0]} × {labels[1]}:"]
+    lines = [
+        f"Accuracy on the device (%) over {labels[0]} × {labels[1]} (the mean over calibration seeds ± their "
+        "std, where a model has several):"
+    ]
     for title, grid in maps.items():
         headers = [f"{labels[1]} \\ {labels[0]}", *map(str, grid.columns)]
-        body = [
-            [str(index), *(f"{v:.1f}" if pd.notna(v) else "-" for v in row)] for index, row in grid.iterrows()
-        ]
+        body = []
+        for index, row in grid.iterrows():
+            spread = zip(row, marks[title].loc[index], strict=True)
+            cells = [f"{v:.1f} {m}".rstrip() if pd.notna(v) else "-" for v, m in spread]
+            body.append([str(index), *cells])
         lines += [f"**{title}**", Table(headers, body).markdown()]
     return [report.image(path, "accuracy on the device map", drawing), *lines]
 
@@ -146,8 +153,9 @@ def effect_png(setting: str) -> str:
 
 
 def effect_curves(crossbar: pd.DataFrame, setting: str) -> dict[str, pd.DataFrame]:
-    """Accuracy (%, with its interval) against ``setting``, one curve per model and per value of the other
-    settings, labelled by the settings that differ between the curves."""
+    """Accuracy (%, with its interval) against ``setting``, one curve per model (plain and device-aware
+    apart) and per value of the other settings, labelled by the settings that differ between the curves; a
+    point with runs from several calibration seeds is their mean, its band spans every run's interval."""
     column = f"device_{setting}"
     others = [f"device_{s}" for s in DEVICE_SETTINGS if s != setting]
     groups = [
@@ -158,19 +166,33 @@ def effect_curves(crossbar: pd.DataFrame, setting: str) -> dict[str, pd.DataFram
     differing = [name for name in others if len({_axis(values[name]) for values, _ in groups}) > 1]
     curves = {}
     for values, group in groups:
-        ordered = group.sort_values(column).drop_duplicates(column)
+        points = over_seeds(group, [column])
         label = values["model"] + "".join(
             f", {name.removeprefix('device_')}={_axis(values[name])}" for name in differing
         )
         curves[label] = pd.DataFrame(
             {
-                "x": ordered[column].astype(float),
-                "accuracy": 100 * ordered["accuracy_device"],
-                "low": 100 * ordered["accuracy_device_ci_low"],
-                "high": 100 * ordered["accuracy_device_ci_high"],
+                "x": points.index.astype(float),
+                "accuracy": points["accuracy"],
+                "low": points["low"],
+                "high": points["high"],
             }
-        )
+        ).reset_index(drop=True)
     return curves
+
+
+def over_seeds(runs: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """One model's device runs per value of ``keys`` (its runs over calibration seeds): their mean accuracy
+    (%), the std over the seeds (NaN for one run), and the lowest and highest end of their intervals."""
+    grouped = runs.groupby(keys, dropna=False, sort=True)
+    return pd.DataFrame(
+        {
+            "accuracy": 100 * grouped["accuracy_device"].mean(),
+            "spread": 100 * grouped["accuracy_device"].std(),
+            "low": 100 * grouped["accuracy_device_ci_low"].min(),
+            "high": 100 * grouped["accuracy_device_ci_high"].max(),
+        }
+    )
 
 
 def curve_table(curves: dict[str, pd.DataFrame], setting: str) -> Table:
@@ -181,6 +203,11 @@ def curve_table(curves: dict[str, pd.DataFrame], setting: str) -> Table:
         at = dict(zip(curve["x"], curve["accuracy"], strict=True))
         rows.append([label, *(f"{at[x]:.2f}" if x in at else "-" for x in xs)])
     return Table([f"configuration \\ {setting}", *(f"{x:g}" for x in xs)], rows)
+
+
+def _ideal_first(grid: pd.DataFrame) -> pd.DataFrame:
+    """``grid`` with its unset (ideal) row and column first, then the values in order."""
+    return grid.sort_index(na_position="first").sort_index(axis=1, na_position="first")
 
 
 def _axis(value: object) -> str:

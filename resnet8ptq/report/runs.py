@@ -184,9 +184,11 @@ def runs_frame(runs: Iterable[Run]) -> pd.DataFrame:
 
 def algo_label(tags: dict[str, str], params: dict[str, str]) -> str:
     """The algorithms a run applied (``none``), ``device-aware`` after them when they learned against its
-    crossbar."""
+    crossbar (``device-aware on noisy chips`` when that learning drew the chip's cell effects)."""
     algo = tags.get("algo") or params.get("algo") or "none"
-    return f"{algo} device-aware" if tags.get("algo.device_aware") == "true" else algo
+    if tags.get("algo.device_aware") != "true":
+        return algo
+    return f"{algo} device-aware" + (" on noisy chips" if tags.get("algo.device_noise") == "true" else "")
 
 
 DEVICE_SETTINGS = (*(item.name for item in fields(Crossbar)), "bias_correction")

@@ -52,6 +52,7 @@ ADDED_DEFAULTS = {
     "calib.weights": "minmax",
     "algo.steps": "[]",
     "algo.device_aware": "False",
+    "algo.device_noise": "False",
     "raised_layers": "[]",
     "layer_analysis": "True",
     "mlflow.log_models": "True",

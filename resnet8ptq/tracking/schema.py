@@ -74,6 +74,7 @@ TAGS = {
     "calib": "the calibration method",
     "algo": "the PTQ algorithms applied, joined by +, or none",
     "algo.device_aware": "true when the algorithms learned against the run's crossbar (algo.device_aware)",
+    "algo.device_noise": "true when that learning drew noisy chips, its cells' effects (algo.device_noise)",
     "algo.<result>": "what an algorithm did (cle_pairs, adaround_flipped, brecq_blocks, ..., reused)",
     "per_channel": "per-channel weights: true or false",
     "reduce_range": "reduce_range: true or false",

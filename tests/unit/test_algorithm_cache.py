@@ -107,13 +107,18 @@ def test_every_input_of_the_output_is_in_the_key(tiny: Path, tmp_path: Path) -> 
         key(steps={"adaround": AlgoConfig(["adaround"], adaround_iterations=7).parameters("adaround")}),
         key(steps={"adaround": adaround}),
         key(seed=1),
-        key(device=learning_settings(Crossbar(rows=128, adc_bits=4))),  # learned against a crossbar
-        key(device=learning_settings(Crossbar(rows=128, adc_bits=5))),
+        key(device=learning_settings(Crossbar(rows=128, adc_bits=4), False)),  # learned against a crossbar
+        key(device=learning_settings(Crossbar(rows=128, adc_bits=5), False)),
+        key(device=learning_settings(Crossbar(rows=128, adc_bits=4, weight_noise=0.01), True)),  # noisy chips
+        key(device=learning_settings(Crossbar(rows=128, adc_bits=4, weight_noise=0.02), True)),
     ]
     assert len({key(), *variants}) == len(variants) + 1
-    # what the learning does not see (the evaluation's ADC rule, noise) is not in the key
-    seen = learning_settings(Crossbar(rows=128, adc_bits=4))
-    assert seen == learning_settings(Crossbar(rows=128, adc_bits=4, adc_range="max", weight_noise=0.1))
+    # what the learning does not see (the evaluation's ADC rule; noise, unless it learns on noisy chips; a
+    # read's effects in any case) is not in the key
+    seen = learning_settings(Crossbar(rows=128, adc_bits=4), False)
+    assert seen == learning_settings(Crossbar(rows=128, adc_bits=4, adc_range="max", weight_noise=0.1), False)
+    noisy = learning_settings(Crossbar(rows=128, adc_bits=4, weight_noise=0.1), True)
+    assert noisy == learning_settings(Crossbar(rows=128, adc_bits=4, weight_noise=0.1, read_noise=0.1), True)
     assert key() == key()  # and nothing else: a copy of the model elsewhere is the same model
     copy = tmp_path / "copy.onnx"
     copy.write_bytes(tiny.read_bytes())
@@ -204,3 +209,20 @@ def test_parallel_jobs_with_the_same_inputs_compute_once(
         first, second = pool.map(job, ["a", "b"])
     assert len(calls) == 1
     assert (first.tags["algo.reused"], second.tags["algo.reused"]) == ("false", "true")
+
+
+def test_the_learning_sees_only_what_it_learns_from(
+    tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Device-aware learning gets the crossbar's partial sums and ADCs; on noisy chips its cells' effects
+    too; never a read's effects or the evaluation's ADC rule; a learning that is not device-aware, nothing."""
+    seen: list[Crossbar | None] = []
+    monkeypatch.setattr(algorithms, "_apply", lambda *inputs: seen.append(inputs[-1]) or Prepared(tiny))
+    chip = Crossbar(rows=128, adc_bits=4, adc_range="max", weight_noise=0.02, read_noise=0.01)
+    for algo in (
+        AlgoConfig(["brecq"], device_aware=True),
+        AlgoConfig(["brecq"], device_aware=True, device_noise=True),
+        AlgoConfig(["brecq"]),
+    ):
+        prepare(algo, tiny, IMAGES, SPEC, tmp_path, crossbar=chip)
+    assert seen == [Crossbar(rows=128, adc_bits=4), Crossbar(rows=128, adc_bits=4, weight_noise=0.02), None]

@@ -144,6 +144,28 @@ def test_bad_values_are_rejected(override: str, message: str) -> None:
             ["algo=brecq", "device=cim", "device.adc_bits=4", "device.adc_range=learned"],
             "device.adc_range=learned takes the ADC steps that device-aware learning learned",
         ),
+        (["algo=brecq", "algo.device_noise=true"], "algo.device_noise=true learns on noisy chips"),
+        (
+            [
+                "algo=brecq",
+                "algo.device_aware=true",
+                "algo.device_noise=true",
+                "device=cim",
+                "device.adc_bits=4",
+            ],
+            "algo.device_noise=true draws the chip's cell effects while learning, and this crossbar has none",
+        ),
+        (  # a read's noise is not drawn while learning
+            [
+                "algo=brecq",
+                "algo.device_aware=true",
+                "algo.device_noise=true",
+                "device=cim",
+                "device.adc_bits=4",
+                "device.read_noise=0.01",
+            ],
+            "this crossbar has none",
+        ),
     ],
 )
 def test_bad_combinations_are_refused_by_name(overrides: list[str], message: str) -> None:

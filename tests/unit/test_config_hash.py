@@ -42,6 +42,7 @@ def params(*overrides: str) -> dict:
         "layer_analysis=false",  # what the run holds: a lean run is not reused by a sweep that wants it
         "mlflow.log_models=false",
         "algo.device_aware=true",
+        "algo.device_noise=true",
     ],
 )
 def test_config_hash_changes_with_what_changes_the_result(override: str) -> None:
@@ -116,3 +117,8 @@ def test_device_aware_learning_quantizes_per_crossbar_it_learns_against() -> Non
     assert key(aware, four) != key(aware, five)
     assert key(aware, four, "device.adc_range=learned") == key(aware, four)  # the evaluation's rule
     assert key(aware, four, "device.weight_noise=0.1") == key(aware, four)  # not seen while learning
+    noisy = AlgoConfig(["brecq"], device_aware=True, device_noise=True)  # unless it learns on noisy chips
+    assert key(noisy, four, "device.weight_noise=0.1") != key(noisy, four, "device.weight_noise=0.2")
+    assert key(noisy, four, "device.weight_noise=0.1", "device.read_noise=0.1") == key(
+        noisy, four, "device.weight_noise=0.1"
+    )  # a read's effects are not drawn while learning

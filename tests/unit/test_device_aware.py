@@ -24,7 +24,7 @@ from tests.unit.test_device import centred_input, conv_layer
 pytestmark = pytest.mark.device
 
 
-def learning_layer(layer, crossbar: Crossbar, dense: bool = False) -> CrossbarLayer:
+def learning_layer(layer, crossbar: Crossbar, dense: bool = False, seed: int = 0) -> CrossbarLayer:
     """``layer``'s integers as the simulation holds them: unit scales, so that the float output is the
     accumulator itself, no bias."""
     weight = torch.from_numpy(layer.centered_weight.astype(np.float32))
@@ -37,7 +37,7 @@ def learning_layer(layer, crossbar: Crossbar, dense: bool = False) -> CrossbarLa
     rounding = SimpleNamespace(scale=torch.ones(len(weight)))
     unit_input = LearnedStep(-128.0, 127.0, (-128, 127))  # ORT's scale of (-128, 127) on int8: 1
     assert float(unit_input.scale().detach()) == 1.0
-    return CrossbarLayer("conv", module, rounding, unit_input, crossbar)
+    return CrossbarLayer("conv", module, rounding, unit_input, crossbar, seed)
 
 
 @pytest.mark.parametrize(
@@ -136,3 +136,57 @@ def test_learned_steps_find_their_layer_by_its_weights() -> None:
         learned_steps(model, dataclasses.replace(device, rows=64), learned)
     record = LayerSteps.from_record(learned["fp32_a"].to_record())
     assert record.layer_key == first.weight_key and np.array_equal(record.steps, learned["fp32_a"].steps)
+
+
+NOISY = Crossbar(
+    rows=32, adc_bits=5, weight_noise=0.01, stuck_off=0.01, drift="pcm", t_inference=3600,
+    drift_compensation=True,
+)  # fmt: skip
+
+
+def test_a_noisy_chip_is_drawn_as_the_device_draws_it() -> None:
+    """On noisy chips (``algo.device_noise``) the learning crossbar draws its cells with the device's own
+    effects, in the device's order (programming noise, stuck cells, then drift) and compensates the drift
+    as the device does: from the same generator it reads what the device model's chip of that seed reads
+    (within the device's fixed-point cells: a reading may round the other way), and not the ideal chip."""
+    rng = np.random.default_rng(15)
+    layer = conv_layer(rng)
+    learning = learning_layer(layer, NOISY)
+    calibration, x = centred_input(rng, layer, 8), centred_input(rng, layer)
+    calibrate([learning], lambda: learning(calibration), NOISY)
+    steps = learning.learned("")
+    device = CrossbarArithmetic(
+        NOISY, seed=3, adc_steps={"conv": steps}, effects=learning.program + learning.perturb
+    )
+    expected = device.accumulate(layer, x).double()
+    learning.noisy, learning.chips = True, torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        got = learning(x).double()
+    assert torch.mean((got == expected).double()) > 0.99
+    assert torch.max(torch.abs(got - expected)) <= float(steps.steps.max()) * 2  # one code, compensated
+    learning.noisy = False
+    with torch.no_grad():
+        ideal = learning(x).double()
+    assert torch.mean((ideal == expected).double()) < 0.5
+
+
+def test_every_iteration_learns_on_a_new_chip_from_the_calibration_seed() -> None:
+    """While noisy, each forward pass draws another chip (the layer's generator, seeded from the seed and
+    its name: the same draws for the same seed, others for another); the gradient reaches the weights."""
+    rng = np.random.default_rng(16)
+    layer = conv_layer(rng)
+    x = centred_input(rng, layer)
+
+    def outputs(seed: int) -> list[torch.Tensor]:
+        learning = learning_layer(layer, NOISY, seed=seed)
+        calibrate([learning], lambda: learning(x), NOISY)
+        learning.noisy = True
+        first = learning(x)
+        first.sum().backward()
+        assert learning.layer.weight.grad is not None and torch.any(learning.layer.weight.grad != 0)
+        return [first.detach(), learning(x).detach()]
+
+    first, second = outputs(0)
+    assert not torch.equal(first, second)
+    assert all(torch.equal(a, b) for a, b in zip(outputs(0), (first, second), strict=True))
+    assert not torch.equal(outputs(1)[0], first)

@@ -137,9 +137,10 @@ def test_noise_chart(markdown: tuple[str, Path]) -> None:
 
 
 def test_plain_and_device_aware_models_side_by_side_over_seeds(tmp_path: Path) -> None:
-    """Issue 45's comparison: per device, the plain model with calibrated ADC ranges and the model learned
-    against the device with its learned steps, each as mean ± std over its calibration seeds (the report's
-    spread over seeds compares device runs by their accuracy on the device), named apart."""
+    """Issue 45's comparison: per device, the plain model with calibrated ADC ranges, the model learned
+    against the device with its learned steps and the one learned on noisy chips, each as mean ± std over
+    its calibration seeds (the report's spread over seeds compares device runs by their accuracy on the
+    device), named apart; the noise chart's points are each model's mean over its seeds."""
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     experiment = client.create_experiment("resnet8ptq", artifact_location=(tmp_path / "mlruns").as_uri())
     tags = {"sweep": "true", "sweep_kind": "sweep", "sweep_dir": str(tmp_path / "sweep"), "overrides": "x"}
@@ -148,29 +149,52 @@ def test_plain_and_device_aware_models_side_by_side_over_seeds(tmp_path: Path) -
     base |= {"calib": "minmax", "per_channel": "true", "execution": "native"}
     fp32 = _run(client, experiment, parent, "onnx-fp32", 1, quantized="false")
     _log(client, fp32, _metrics("fp32", 0.8719, 320_000, 900.0), {"backend": "onnx"}, AVX2.tags(), "FINISHED")
-    accuracies = {("none", "mse"): (0.8221, 0.8180, 0.8250), ("brecq", "learned"): (0.8364, 0.8401, 0.8330)}
+    accuracies = {  # (algo, ADC rule, learned on noisy chips) -> weight_noise -> accuracy per seed
+        ("none", "mse", False): {0.0: (0.8221, 0.8180, 0.8250), 0.01: (0.70, 0.72, 0.74)},
+        ("brecq", "learned", False): {0.0: (0.8364, 0.8401, 0.8330), 0.01: (0.75, 0.76, 0.77)},
+        ("brecq", "learned", True): {0.01: (0.80, 0.81, 0.79)},
+    }
     start = 10
-    for (algo, rule), values in accuracies.items():
+    for (algo, rule, noisy), by_noise in accuracies.items():
         aware = {"algo.device_aware": "true"} if algo != "none" else {}
-        for seed, accuracy in zip(("42", "0", "1"), values, strict=True):
-            params = {"dtype": "int8", "calib": "minmax", "backend": "onnx", "data.seed": seed, "algo": algo}
-            params |= {"device.adc_range": rule, **({"algo.device_aware": "True"} if aware else {})}
-            run = _run(
-                client, experiment, parent, f"run{start}", start, quantized="true", config_hash=f"h{start}"
-            )
-            metrics = _metrics("q", 0.8695, 110_000, 4000.0) | {
-                "accuracy_device": accuracy,
-                "accuracy_device_std": 0.0,
-                "accuracy_device_ci_low": accuracy - 0.007,
-                "accuracy_device_ci_high": accuracy + 0.007,
-                "device_differing_predictions": 900.0,
-            }
-            device = device_tags(rows=128, adc_bits=4, adc_range=rule)
-            _log(client, run, metrics, params, base | {"algo": algo} | aware | device, "FINISHED")
-            start += 1
+        aware |= {"algo.device_noise": "true"} if noisy else {}
+        for noise, values in by_noise.items():
+            for seed, accuracy in zip(("42", "0", "1"), values, strict=True):
+                params = {
+                    "dtype": "int8",
+                    "calib": "minmax",
+                    "backend": "onnx",
+                    "data.seed": seed,
+                    "algo": algo,
+                }
+                params |= {"device.adc_range": rule, "device.weight_noise": str(noise)}
+                params |= {key: "True" for key in aware}
+                run = _run(
+                    client,
+                    experiment,
+                    parent,
+                    f"run{start}",
+                    start,
+                    quantized="true",
+                    config_hash=f"h{start}",
+                )
+                metrics = _metrics("q", 0.8695, 110_000, 4000.0) | {
+                    "accuracy_device": accuracy,
+                    "accuracy_device_std": 0.01 if noise else 0.0,
+                    "accuracy_device_ci_low": accuracy - 0.007,
+                    "accuracy_device_ci_high": accuracy + 0.007,
+                    "device_differing_predictions": 900.0,
+                }
+                device = device_tags(rows=128, adc_bits=4, adc_range=rule, weight_noise=noise)
+                _log(client, run, metrics, params, base | {"algo": algo} | aware | device, "FINISHED")
+                start += 1
     client.set_terminated(parent, "FINISHED")
     text = (report.write_report(parent, tracking_uri=client.tracking_uri).parent / "report.md").read_text()
     spread = text.split("Over calibration samples", 1)[1]
     assert "| onnx int8 minmax per-channel @cim-r128-adc4 | 3 | 82.17 ± 0.35 | 81.80-82.50 |" in spread
     learned = "| onnx int8 minmax per-channel brecq device-aware @cim-r128-adc4-learned | 3 | 83.65 ± 0.36 |"
     assert learned in spread
+    noise = text.split("against `weight_noise`:", 1)[1]
+    assert "| onnx int8 minmax per-channel, adc_range=mse | 82.17 | 72.00 |" in noise
+    assert "| onnx int8 minmax per-channel brecq device-aware, adc_range=learned | 83.65 | 76.00 |" in noise
+    assert "on noisy chips" in spread  # a single noise level: a point, not a curve, for the noisy learning
