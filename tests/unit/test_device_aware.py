@@ -17,7 +17,7 @@ from resnet8ptq.device.adc import LayerSteps
 from resnet8ptq.device.cim import CrossbarArithmetic
 from resnet8ptq.device.config import Crossbar, DeviceConfig
 from resnet8ptq.device.evaluate import learned_steps
-from resnet8ptq.device.graph import IntegerModel, Quant
+from resnet8ptq.device.graph import Conv, IntegerModel, Quant
 from resnet8ptq.simulation import LearnedStep
 from tests.unit.test_device import centred_input, conv_layer
 
@@ -40,6 +40,17 @@ def learning_layer(layer, crossbar: Crossbar, dense: bool = False, seed: int = 0
     return CrossbarLayer("conv", module, rounding, unit_input, crossbar, seed)
 
 
+def calibrated(seed: int, crossbar: Crossbar) -> tuple[Conv, CrossbarLayer, torch.Tensor]:
+    """A random conv layer, its learning crossbar with the ADCs calibrated (``mse``) on one batch of inputs,
+    and another batch."""
+    rng = np.random.default_rng(seed)
+    layer = conv_layer(rng)
+    learning = learning_layer(layer, crossbar)
+    calibration, x = centred_input(rng, layer, 8), centred_input(rng, layer)
+    calibrate([learning], lambda: learning(calibration), crossbar)
+    return layer, learning, x
+
+
 @pytest.mark.parametrize(
     "crossbar",
     [
@@ -52,13 +63,8 @@ def learning_layer(layer, crossbar: Crossbar, dense: bool = False, seed: int = 0
 def test_the_learning_crossbar_reads_what_the_device_reads(crossbar: Crossbar) -> None:
     """Calibrated (``mse``) on a batch, then run on another: the same accumulators as the device model
     with the same steps, to the bit, and not the exact ones (the ADC is coarse)."""
-    rng = np.random.default_rng(11)
-    layer = conv_layer(rng)
-    learning = learning_layer(layer, crossbar)
-    calibration, x = centred_input(rng, layer, 8), centred_input(rng, layer)
-    calibrate([learning], lambda: learning(calibration), crossbar)
-    steps = learning.learned("")
-    device = CrossbarArithmetic(crossbar, adc_steps={"conv": steps})
+    layer, learning, x = calibrated(11, crossbar)
+    device = CrossbarArithmetic(crossbar, adc_steps={"conv": learning.learned("")})
     expected = device.accumulate(layer, x)
     with torch.no_grad():
         got = learning(x).double()
@@ -149,11 +155,7 @@ def test_a_noisy_chip_is_drawn_as_the_device_draws_it() -> None:
     effects, in the device's order (programming noise, stuck cells, then drift) and compensates the drift
     as the device does: from the same generator it reads what the device model's chip of that seed reads
     (within the device's fixed-point cells: a reading may round the other way), and not the ideal chip."""
-    rng = np.random.default_rng(15)
-    layer = conv_layer(rng)
-    learning = learning_layer(layer, NOISY)
-    calibration, x = centred_input(rng, layer, 8), centred_input(rng, layer)
-    calibrate([learning], lambda: learning(calibration), NOISY)
+    layer, learning, x = calibrated(15, NOISY)
     steps = learning.learned("")
     device = CrossbarArithmetic(
         NOISY, seed=3, adc_steps={"conv": steps}, effects=learning.program + learning.perturb
