@@ -1,9 +1,10 @@
 """What learning against the crossbar costs: BRECQ's block reconstruction with and without the device in the
-loop (`algo.device_aware`), on the default calibration sample, one learning thread as in a run, printed as
-seconds and as the ratio (compare ratios measured in one run: speeds move between runs and machines).
+loop (`algo.device_aware`), and on noisy chips (`algo.device_noise`, programming noise `--weight-noise`), on
+the default calibration sample, one learning thread as in a run, printed as seconds and as ratios to BRECQ
+(compare ratios measured in one run: speeds move between runs and machines).
 
 Usage: RESNET8PTQ_ASSETS=../shared python bench/device_aware.py [--iterations 200] [--rows 128]
-       [--adc-bits 4] [--granularity column]
+       [--adc-bits 4] [--granularity column] [--weight-noise 0.01]
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=128)
     parser.add_argument("--adc-bits", type=int, default=4)
     parser.add_argument("--granularity", default="column", choices=["layer", "tile", "column"])
+    parser.add_argument("--weight-noise", type=float, default=0.01, help="σ on noisy chips; 0: not timed")
     args = parser.parse_args()
 
     import os
@@ -47,20 +49,32 @@ def main() -> None:
         model = canonical_onnx(h5, sha256, work)
         images, _ = calibration_set(load_cifar10(assets, download=False), 100, 42)
         spec = QuantSpec(DtypeConfig("int8", "int8"), CalibConfig("minmax"), per_channel=True)
-        crossbar = Crossbar(rows=args.rows, adc_bits=args.adc_bits, adc_granularity=args.granularity)
+        crossbar = Crossbar(
+            rows=args.rows,
+            adc_bits=args.adc_bits,
+            adc_granularity=args.granularity,
+            weight_noise=args.weight_noise,
+        )
+        variants = {
+            "BRECQ": AlgoConfig(["brecq"]),
+            "BRECQ against the crossbar": AlgoConfig(["brecq"], device_aware=True),
+            "... on noisy chips": AlgoConfig(["brecq"], device_aware=True, device_noise=True),
+        }
+        if not args.weight_noise:
+            del variants["... on noisy chips"]
         seconds = {}
-        for aware in (False, True):
-            algo = AlgoConfig(["brecq"], brecq_iterations=args.iterations, device_aware=aware)
+        for index, (name, algo) in enumerate(variants.items()):
+            algo.brecq_iterations = args.iterations
             start = time.perf_counter()
-            prepare(algo, model.onnx_path, images, spec, work / str(aware), seed=42, crossbar=crossbar)
-            seconds[aware] = time.perf_counter() - start
+            prepare(algo, model.onnx_path, images, spec, work / str(index), seed=42, crossbar=crossbar)
+            seconds[name] = time.perf_counter() - start
     print(f"CPU: {detect().label}; {args.iterations} iterations per block, 1,000 calibration images")
-    print(f"BRECQ:                        {seconds[False]:7.1f} s")
     print(
-        f"BRECQ against the crossbar:   {seconds[True]:7.1f} s  (rows {args.rows}, {args.adc_bits}-bit ADCs "
-        f"per {args.granularity})"
+        f"crossbar: rows {args.rows}, {args.adc_bits}-bit ADCs per {args.granularity}; noisy chips: "
+        f"programming noise σ {args.weight_noise:g} of a cell's range"
     )
-    print(f"ratio:                        {seconds[True] / seconds[False]:7.2f} x")
+    for name, took in seconds.items():
+        print(f"{name + ':':30s}{took:7.1f} s  {took / seconds['BRECQ']:5.2f} x BRECQ")
 
 
 if __name__ == "__main__":
