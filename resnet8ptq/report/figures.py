@@ -254,7 +254,8 @@ def device_curve_png(
 ) -> Path:
     """Accuracy on the device (%) against an effect's setting (``axis``; ``log``: a symmetric-log axis, for
     time since programming, where 0 is the first read), one curve per configuration with its 95% interval
-    over the noise draws as error bars; horizontal lines for the reference accuracies (FP32, the quantized
+    over the noise draws as error bars (over several calibration seeds: from the lowest to the highest
+    run's); horizontal lines for the reference accuracies (FP32, the quantized
     model's reference, the ideal integer device)."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
@@ -270,7 +271,7 @@ def device_curve_png(
         ax.set_xticks(list(ticks), list(ticks.values()))
         ax.set_xlim(left=0, right=1.5 * largest)
     ax.set(xlabel=axis, ylabel="accuracy on the device (%)")
-    ax.set_title(f"Accuracy vs {axis.split(' (')[0]} (mean over draws, 95% interval)")
+    ax.set_title(f"Accuracy vs {axis.split(' (')[0]} (mean over draws and seeds, 95% intervals)")
     ax.legend(fontsize=7)
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
