@@ -98,8 +98,8 @@ def device_map(report: Report, runs: pd.DataFrame) -> list[str]:
         headers = [f"{labels[1]} \\ {labels[0]}", *map(str, grid.columns)]
         body = []
         for index, row in grid.iterrows():
-            spread = zip(row, marks[title].loc[index], strict=True)
-            cells = [f"{v:.1f} {m}".rstrip() if pd.notna(v) else "-" for v, m in spread]
+            with_spread = zip(row, marks[title].loc[index], strict=True)
+            cells = [f"{v:.1f} {m}".rstrip() if pd.notna(v) else "-" for v, m in with_spread]
             body.append([str(index), *cells])
         lines += [f"**{title}**", Table(headers, body).markdown()]
     return [report.image(path, "accuracy on the device map", drawing), *lines]

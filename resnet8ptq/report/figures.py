@@ -255,8 +255,8 @@ def device_curve_png(
     """Accuracy on the device (%) against an effect's setting (``axis``; ``log``: a symmetric-log axis, for
     time since programming, where 0 is the first read), one curve per configuration with its 95% interval
     over the noise draws as error bars (over several calibration seeds: from the lowest to the highest
-    run's); horizontal lines for the reference accuracies (FP32, the quantized
-    model's reference, the ideal integer device)."""
+    run's); horizontal lines for the reference accuracies (FP32, the quantized model's reference, the ideal
+    integer device)."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     for label, curve in curves.items():
