@@ -143,10 +143,14 @@ def make_backend(cfg: DictConfig, shared: Shared) -> Backend:
     settings: a multirun's jobs in one process share it and with it their FP32 baseline."""
     settings = OmegaConf.to_yaml(cfg.backend, resolve=True)
     threads = threads_per_run(cfg)
+
+    def build() -> Backend:
+        backend = instantiate(OmegaConf.create(settings), threads=threads)
+        backend.cache_dir = Path(cfg.cache_dir)
+        return backend
+
     try:
-        return shared.get(
-            "backend", (settings, threads), lambda: instantiate(OmegaConf.create(settings), threads=threads)
-        )
+        return shared.get("backend", (settings, threads, cfg.cache_dir), build)
     except InstantiationException as err:
         missing = next((e for e in _causes(err) if isinstance(e, ImportError)), None)
         if missing is None:

@@ -17,13 +17,11 @@ import contextlib
 import dataclasses
 import hashlib
 import json
-import os
 import shutil
-from functools import cache
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from resnet8ptq import disk_cache
 from resnet8ptq.algorithms.base import Prepared
 
 if TYPE_CHECKING:
@@ -45,10 +43,9 @@ def key(
     seed: int,
     device: dict[str, Any] | None = None,
 ) -> str:
-    """A short hash of what the steps' output depends on; ``steps``: name -> its parameters (a dataclass or
-    None), in order; ``device``: the crossbar settings device-aware learning saw."""
-    from resnet8ptq.hardware import detect, kernel_path_env
-
+    """A short hash of what the steps' output depends on (:func:`resnet8ptq.disk_cache.key`: with the
+    libraries, the source and the CPU); ``steps``: name -> its parameters (a dataclass or None), in order;
+    ``device``: the crossbar settings device-aware learning saw."""
     parts = {
         "model": hashlib.sha256(onnx_path.read_bytes()).hexdigest(),
         "images": [hashlib.sha256(images.tobytes()).hexdigest(), list(images.shape), str(images.dtype)],
@@ -58,38 +55,14 @@ def key(
             for name, parameters in steps.items()
         ],
         "seed": seed,
-        "libraries": {name: _version(name) for name in LIBRARIES},
-        "source": source_fingerprint(),
-        "isa": list(detect().isa),
-        "kernel_path": kernel_path_env(),
         **({"device": device} if device is not None else {}),
     }
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-@cache
-def source_fingerprint() -> str:
-    """A hash of this package's Python source: a change to the code is a new key, never a stale output."""
-    package = Path(__file__).resolve().parents[1]
-    digest = hashlib.sha256()
-    for path in sorted(package.rglob("*.py")):
-        digest.update(str(path.relative_to(package)).encode())
-        digest.update(path.read_bytes())
-    return digest.hexdigest()
+    return disk_cache.key(parts, LIBRARIES)
 
 
 def computing(cache_dir: Path, entry_key: str) -> contextlib.AbstractContextManager:
-    """Held while an entry is looked up and, if absent, computed and stored: parallel jobs that need the
-    same output (a sweep over backends on a parallel launcher) compute it once. No lock where the cache
-    cannot be written."""
-    from filelock import FileLock
-
-    root = cache_dir / CACHE_SUBDIR
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-    except OSError:
-        return contextlib.nullcontext()
-    return FileLock(root / f"{entry_key}.lock")
+    """Held while an entry is looked up and, if absent, computed and stored (:func:`disk_cache.computing`)."""
+    return disk_cache.computing(cache_dir / CACHE_SUBDIR, entry_key)
 
 
 def load(cache_dir: Path, entry_key: str, workdir: Path) -> Prepared | None:
@@ -117,14 +90,11 @@ def _adc_steps(records: dict[str, dict] | None) -> dict:
 
 
 def store(cache_dir: Path, entry_key: str, prepared: Prepared) -> None:
-    """Save ``prepared`` under ``entry_key``, atomically (a scratch directory renamed into place); another
-    process that stored the same key first wins. A cache that cannot be written only costs a re-run."""
-    root = cache_dir / CACHE_SUBDIR
-    scratch = root / f"{entry_key}.{os.getpid()}.tmp"
-    try:
-        scratch.mkdir(parents=True, exist_ok=True)
+    """Save ``prepared`` under ``entry_key``, atomically (:func:`disk_cache.store`)."""
+
+    def write(directory: Path) -> None:
         model = prepared.onnx_path
-        shutil.copyfile(model, scratch / model.name)
+        shutil.copyfile(model, directory / model.name)
         record = {
             "model": model.name,
             "seconds": prepared.seconds,
@@ -132,16 +102,6 @@ def store(cache_dir: Path, entry_key: str, prepared: Prepared) -> None:
             "ranges": prepared.ranges,
             "adc_steps": {layer: steps.to_record() for layer, steps in prepared.adc_steps.items()},
         }
-        (scratch / RECORD_FILE).write_text(json.dumps(record, indent=1, sort_keys=True))
-        os.rename(scratch, root / entry_key)
-    except OSError:
-        pass  # written by another process meanwhile, or not writable
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+        (directory / RECORD_FILE).write_text(json.dumps(record, indent=1, sort_keys=True))
 
-
-def _version(name: str) -> str:
-    try:
-        return version(name)
-    except PackageNotFoundError:
-        return "absent"
+    disk_cache.store(cache_dir / CACHE_SUBDIR, entry_key, write)

@@ -114,6 +114,10 @@ class Backend(ABC):
     steps transform it, so the backend inherits them) or the Keras .h5 it is converted from (``"keras"``, for
     a converter that reads Keras itself: no `algo` step reaches it)."""
 
+    cache_dir: Path | None = None
+    """Where the backend may keep what runs share (:func:`resnet8ptq.resolve.make_backend` sets the run's
+    ``cache_dir``; the ONNX backend keeps its calibration ranges there); None: nothing is kept."""
+
     def __init__(self, native: bool = True, threads: int | None = None) -> None:
         """``native``: also build the runtime's integer-kernel form where it has one (False: reference only).
         ``threads``: compute threads for inference (None: the cores this process may use)."""

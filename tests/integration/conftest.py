@@ -160,3 +160,18 @@ def sweeps(run_cli, initialised_store: Path, tmp_path_factory: pytest.TempPathFa
         [experiment.experiment_id], f"tags.mlflow.parentRunId = '{parents[0].info.run_id}'"
     )
     return Sweeps(workdir, client, *parents, children, first.stdout + first.stderr)
+
+
+@pytest.fixture(scope="session")
+def onnx_backend(model_cache: Path):
+    """Make ONNX Runtime's backend as a run makes it, with its calibration ranges kept in the session's cache
+    directory (as `run.py` keeps them in its `cache_dir`): the tests that calibrate the same model on the
+    same images in the same way compute the ranges once (resnet8ptq/backends/onnx/calibration_cache.py)."""
+    from resnet8ptq.backends.onnx.backend import OnnxRuntimeBackend
+
+    def make(native: bool = True) -> OnnxRuntimeBackend:
+        backend = OnnxRuntimeBackend(native=native)
+        backend.cache_dir = model_cache
+        return backend
+
+    return make

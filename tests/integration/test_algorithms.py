@@ -15,7 +15,7 @@ from onnx import numpy_helper
 
 from resnet8ptq.algorithms import AlgoConfig, Prepared, prepare
 from resnet8ptq.algorithms.cle import equalizable_pairs
-from resnet8ptq.backends.onnx.backend import OnnxRuntimeBackend, predictor, session
+from resnet8ptq.backends.onnx.backend import predictor, session
 from resnet8ptq.backends.torch.backend import TorchBackend
 from resnet8ptq.calibration import CalibConfig
 from resnet8ptq.dtype import DtypeConfig
@@ -46,10 +46,10 @@ def prepared(canonical_model: CanonicalModel, data, tmp_path_factory) -> dict[st
 
 
 @pytest.fixture(scope="module")
-def onnx_accuracy(prepared: dict[str, Prepared], data, tmp_path_factory) -> dict[str, float]:
+def onnx_accuracy(onnx_backend, prepared: dict[str, Prepared], data, tmp_path_factory) -> dict[str, float]:
     """ORT reference accuracy of each algorithm's model at 4-bit per-tensor weights, full test set."""
     calibration, images, labels = data
-    backend = OnnxRuntimeBackend()
+    backend = onnx_backend()
     accuracy = {}
     for name, model in prepared.items():
         quantized = backend.quantize(
@@ -90,15 +90,13 @@ def test_each_algorithm_helps_at_4_bit_per_tensor_weights(onnx_accuracy: dict[st
 
 
 def test_adaround_integers_are_what_the_backend_stores(
-    prepared, canonical_model: CanonicalModel, data, tmp_path
+    onnx_backend, prepared, canonical_model: CanonicalModel, data, tmp_path
 ) -> None:
     """The rounded weights lie on the grid of the original weights: recomputing the grid from them gives the
     same scales, and ORT stores exactly their integers (4-bit)."""
     original = quantized_weights(onnx.load(canonical_model.onnx_path))
     rounded = quantized_weights(onnx.load(prepared["adaround"].onnx_path))
-    quantized = OnnxRuntimeBackend().quantize(
-        prepared["adaround"].onnx_path, data[0], W4_PER_TENSOR, tmp_path
-    )
+    quantized = onnx_backend().quantize(prepared["adaround"].onnx_path, data[0], W4_PER_TENSOR, tmp_path)
     stored = {
         init.name.removesuffix("_quantized"): numpy_helper.to_array(init)
         for init in onnx.load(quantized.path).graph.initializer

@@ -47,14 +47,14 @@ BACKENDS = {"onnx": OnnxRuntimeBackend, "torch": TorchBackend}
 
 @pytest.fixture(scope="module")
 def quantized(
-    canonical_model: CanonicalModel, cifar: Cifar10, tmp_path_factory: pytest.TempPathFactory
+    onnx_backend, canonical_model: CanonicalModel, cifar: Cifar10, tmp_path_factory: pytest.TempPathFactory
 ) -> dict[tuple[str, str], tuple[QuantizedModel, QuantizedResult]]:
     """Each backend's model for each width configuration, evaluated on the full test set."""
     calibration, _ = calibration_set(cifar, 100, 42)
     images, labels = to_model_input(cifar.test_images), cifar.test_labels
     results = {}
     for backend_name, backend_class in BACKENDS.items():
-        backend = backend_class()
+        backend = onnx_backend() if backend_class is OnnxRuntimeBackend else backend_class()
         for config, spec in CONFIGS.items():
             workdir = tmp_path_factory.mktemp(f"{backend_name}-{config}")
             model = backend.quantize(canonical_model.onnx_path, calibration, spec, workdir)

@@ -10,7 +10,6 @@ import pytest
 from onnxruntime.quantization import create_calibrator
 
 from resnet8ptq.backends.base import QuantizedModel
-from resnet8ptq.backends.onnx.backend import OnnxRuntimeBackend
 from resnet8ptq.backends.onnx.reader import ImageReader
 from resnet8ptq.calibration import CalibConfig, RangeCollector, batches
 from resnet8ptq.data import Cifar10, calibration_set
@@ -32,9 +31,12 @@ def calibration_images(cifar: Cifar10) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def onnx_quantized(
-    canonical_model: CanonicalModel, calibration_images: np.ndarray, tmp_path_factory: pytest.TempPathFactory
+    onnx_backend,
+    canonical_model: CanonicalModel,
+    calibration_images: np.ndarray,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> dict[str, QuantizedModel]:
-    backend = OnnxRuntimeBackend(native=False)
+    backend = onnx_backend(native=False)
     return {
         method: backend.quantize(
             canonical_model.onnx_path,
@@ -80,6 +82,7 @@ def test_range_collector_reproduces_ort(
 
 
 def test_mse_ranges_agree_between_backends_and_clip(
+    onnx_backend,
     canonical_model: CanonicalModel,
     calibration_images: np.ndarray,
     onnx_quantized: dict[str, QuantizedModel],
@@ -92,7 +95,7 @@ def test_mse_ranges_agree_between_backends_and_clip(
 
     spec = QuantSpec(DtypeConfig("uint8", "int8", activation_bits=4), CalibConfig("mse", num_bins=2048), True)
     found = {}
-    for backend in (OnnxRuntimeBackend(native=False), TorchBackend(native=False)):
+    for backend in (onnx_backend(native=False), TorchBackend(native=False)):
         quantized = backend.quantize(
             canonical_model.onnx_path, calibration_images, spec, tmp_path / backend.NAME
         )
@@ -111,7 +114,7 @@ def test_mse_ranges_agree_between_backends_and_clip(
 
 @pytest.mark.parametrize("bits", [4, 8])
 def test_mse_weight_clipping_is_what_onnx_runtime_stores(
-    canonical_model: CanonicalModel, calibration_images: np.ndarray, tmp_path: Path, bits: int
+    onnx_backend, canonical_model: CanonicalModel, calibration_images: np.ndarray, tmp_path: Path, bits: int
 ) -> None:
     """``calib.weights=mse``: ORT stores each weight's integers on the clipped grid, saturated at the width's
     range (ORT itself saturates only at the int8 bounds), and the saved model reads back at that width."""
@@ -123,7 +126,7 @@ def test_mse_weight_clipping_is_what_onnx_runtime_stores(
     spec = QuantSpec(
         DtypeConfig("uint8", "int8", weight_bits=bits), CalibConfig("minmax", weights="mse"), per_channel=True
     )
-    quantized = OnnxRuntimeBackend(native=False).quantize(
+    quantized = onnx_backend(native=False).quantize(
         canonical_model.onnx_path, calibration_images, spec, tmp_path
     )
     assert quantized.weight_bits == bits

@@ -16,7 +16,6 @@ import pytest
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
-from resnet8ptq.backends.onnx.backend import OnnxRuntimeBackend
 from resnet8ptq.backends.onnx.integer import integer_model
 from resnet8ptq.calibration import CalibConfig
 from resnet8ptq.device.adc import adc_table
@@ -136,15 +135,13 @@ def test_the_adc_ranges_are_logged_per_column(cim_runs: tuple[Path, list[Run]], 
     ids=["tiles", "bit-serial-sliced"],
 )
 def test_an_ideal_crossbar_predicts_as_the_integer_device(
-    crossbar: Crossbar, canonical_model, data, tmp_path: Path
+    onnx_backend, crossbar: Crossbar, canonical_model, data, tmp_path: Path
 ) -> None:
     """Every effect off (no ADC, no noise): the crossbar's logits equal the integer device's, image for image
     (the whole test set for tiles; 1,000 images bit-serially, where each image costs 8 slice pairs)."""
     calibration, images, _ = data
     spec = QuantSpec(DtypeConfig("int8", "int8"), CalibConfig("minmax"), per_channel=True)
-    quantized = OnnxRuntimeBackend(native=False).quantize(
-        canonical_model.onnx_path, calibration, spec, tmp_path
-    )
+    quantized = onnx_backend(native=False).quantize(canonical_model.onnx_path, calibration, spec, tmp_path)
     model = integer_model(quantized.path)
     images = images if crossbar.dac_bits == 8 else images[:1000]
     ideal, _ = execute(model, images)
@@ -219,7 +216,7 @@ def test_the_export_rebuilds_the_crossbar_run(
     ids=["bit-serial-clipped-sliced-free-tile", "layer-symmetric-saturating"],
 )
 def test_the_export_specifies_other_crossbars(
-    device: DeviceConfig, canonical_model, data, tmp_path: Path
+    onnx_backend, device: DeviceConfig, canonical_model, data, tmp_path: Path
 ) -> None:
     """Bit-serial inputs clipped to calibrated DAC ranges, sliced weights, free steps per tile; one symmetric
     range per layer and a 16-bit accumulator that saturates: the reader's logits equal the crossbar model's,
@@ -227,9 +224,7 @@ def test_the_export_specifies_other_crossbars(
     calibration, images, _ = data
     images = images[:100]
     spec = QuantSpec(DtypeConfig("int8", "int8"), CalibConfig("minmax"), per_channel=True)
-    quantized = OnnxRuntimeBackend(native=False).quantize(
-        canonical_model.onnx_path, calibration, spec, tmp_path
-    )
+    quantized = onnx_backend(native=False).quantize(canonical_model.onnx_path, calibration, spec, tmp_path)
     model = integer_model(quantized.path)
     dac = dac_ranges(model, device, calibration[:200])  # any sample: the test checks the reader
     steps = adc_steps(model, device, calibration[:200], dac=dac)

@@ -15,7 +15,6 @@ from onnxruntime.quantization.qdq_loss_debug import (
     modify_model_output_intermediate_tensors,
 )
 
-from resnet8ptq.backends.onnx.backend import OnnxRuntimeBackend
 from resnet8ptq.backends.onnx.layer_errors import STREAM_BATCH, QdqPairs
 from resnet8ptq.backends.onnx.reader import ImageReader, input_name
 from resnet8ptq.calibration import CalibConfig
@@ -55,13 +54,13 @@ def ort_as_documented(
 
 @pytest.mark.parametrize("name", SPECS)
 def test_streamed_sqnr_equals_ort_qdq_loss_debug(
-    name, canonical_model: CanonicalModel, calib_images, tmp_path
+    onnx_backend, name, canonical_model: CanonicalModel, calib_images, tmp_path
 ):
     """90 images: the tool streams 25 at a time (the last batch short), ORT's way takes batches of 40;
     the same layers with the same SQNR, bar the model input and its NHWC -> NCHW Transpose (integer pixels,
     quantized losslessly, left out by the tool)."""
     images = calib_images[:90]
-    backend = OnnxRuntimeBackend(native=False)
+    backend = onnx_backend(native=False)
     quantized = backend.quantize(canonical_model.onnx_path, calib_images, SPECS[name], tmp_path)
     streamed = {
         e.layer: e.sqnr_db
@@ -77,12 +76,12 @@ def test_streamed_sqnr_equals_ort_qdq_loss_debug(
 
 
 def test_nothing_is_written_beside_the_models(
-    canonical_model: CanonicalModel, calib_images, tmp_path, monkeypatch
+    onnx_backend, canonical_model: CanonicalModel, calib_images, tmp_path, monkeypatch
 ):
     """Parallel runs share the cached FP32 model: ORT's augmentation writes (and deletes)
     `<model>-inferred.onnx` beside the model it reads, so the tool must hand it copies in a folder of its own
     (two joblib jobs failed with FileNotFoundError on each other's deleted file)."""
-    quantized = OnnxRuntimeBackend(native=False).quantize(
+    quantized = onnx_backend(native=False).quantize(
         canonical_model.onnx_path, calib_images, SPECS["uint8/int8 per-tensor"], tmp_path / "run"
     )
     written: list[Path] = []

@@ -155,6 +155,19 @@ def test_quantized_runs_are_complete(sweep: tuple[Path, list[Run]]) -> None:
         assert run.data.params["backend"] == "onnx" and run.data.params["per_channel"] == "False"
 
 
+def test_the_storage_types_share_one_calibration(sweep: tuple[Path, list[Run]]) -> None:
+    """The three storage types calibrate the same model on the same images: the ranges are computed once
+    (or by an earlier run of this session's cache) and the later runs take them, with the seconds they took
+    (`calib.reused`; resnet8ptq/backends/onnx/calibration_cache.py)."""
+    _, runs = sweep
+    quantized = sorted(
+        (r for r in runs if r.data.tags.get("quantized") == "true"), key=lambda r: r.info.start_time
+    )
+    assert [r.data.tags["calib.reused"] for r in quantized[1:]] == ["true", "true"]
+    assert len({r.data.metrics["calib_seconds"] for r in quantized}) == 1
+    assert len({r.data.tags["digest.calibration_ranges"] for r in quantized}) == 1
+
+
 def test_every_run_carries_digests_of_what_it_made(sweep: tuple[Path, list[Run]]) -> None:
     """The digests are those of the files the run logged: its model, its predictions, its ranges; the FP32
     run has its model's and predictions'; three quantizations, three model digests."""

@@ -14,7 +14,6 @@ from onnx import numpy_helper
 
 from resnet8ptq.algorithms import AlgoConfig, Prepared, prepare
 from resnet8ptq.algorithms._reconstruction import find_blocks
-from resnet8ptq.backends.onnx.backend import OnnxRuntimeBackend
 from resnet8ptq.backends.onnx.widths import activation_qranges
 from resnet8ptq.backends.torch.backend import TorchBackend
 from resnet8ptq.calibration import CalibConfig
@@ -83,14 +82,14 @@ def _scales(path: Path) -> dict[str, tuple[float, int]]:
 
 @pytest.mark.parametrize("algorithm", ["brecq", "qdrop"])
 def test_onnx_runtime_stores_what_was_learned(
-    algorithm: str, learned, canonical_model: CanonicalModel, data, tmp_path: Path
+    onnx_backend, algorithm: str, learned, canonical_model: CanonicalModel, data, tmp_path: Path
 ) -> None:
     prepared = learned[algorithm]
     assert prepared.tags[f"algo.{algorithm}_activations"] == str(len(prepared.ranges)) == "16"
     model = onnx.load(canonical_model.onnx_path)
     qranges = activation_qranges(model, W4A4, prepared.ranges)
-    quantized = OnnxRuntimeBackend().quantize(prepared.onnx_path, data[0], prepared.learned(W4A4), tmp_path)
-    plain = OnnxRuntimeBackend().quantize(prepared.onnx_path, data[0], W4A4, tmp_path / "calibrated")
+    quantized = onnx_backend().quantize(prepared.onnx_path, data[0], prepared.learned(W4A4), tmp_path)
+    plain = onnx_backend().quantize(prepared.onnx_path, data[0], W4A4, tmp_path / "calibrated")
     stored, calibrated = _scales(quantized.path), _scales(plain.path)
     changed = 0
     for tensor, (low, high) in prepared.ranges.items():
@@ -112,12 +111,12 @@ def test_onnx_runtime_stores_what_was_learned(
         np.testing.assert_array_equal(weights[name], grid.quantize(rounded[name][1]), err_msg=name)
 
 
-def test_both_backends_recover_w4a4(learned, data, tmp_path: Path) -> None:
+def test_both_backends_recover_w4a4(onnx_backend, learned, data, tmp_path: Path) -> None:
     """Without the algorithm this setting gives 73.6 % (ORT) and 75.7 % (torch); FP32 87.19 %."""
     calibration, images, labels = data
     prepared = learned["brecq"]
     accuracy = {}
-    for backend in (OnnxRuntimeBackend(), TorchBackend()):
+    for backend in (onnx_backend(), TorchBackend()):
         spec = prepared.learned(W4A4)
         quantized = backend.quantize(prepared.onnx_path, calibration, spec, tmp_path / backend.NAME)
         if backend.NAME == "torch":  # its observers hold the learned ranges of the tensors it stores

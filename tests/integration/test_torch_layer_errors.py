@@ -17,7 +17,6 @@ pytest.importorskip("onnx2torch")
 import torch
 from torch import fx
 
-from resnet8ptq.backends.onnx.backend import OnnxRuntimeBackend
 from resnet8ptq.backends.torch.backend import TorchBackend
 from resnet8ptq.backends.torch.convert import load_program
 from resnet8ptq.backends.torch.layer_errors import compare, layer_pairs, onnx_nodes, record
@@ -136,12 +135,14 @@ def test_per_channel_weights_beat_per_tensor(errors):
 
 
 @pytest.mark.parametrize("name", list(SPECS))
-def test_agrees_with_onnx_runtime(name, errors, onnx_path, calib_images, images, tmp_path_factory):
+def test_agrees_with_onnx_runtime(
+    onnx_backend, name, errors, onnx_path, calib_images, images, tmp_path_factory
+):
     """Same calibration, same weights: identical weight SQNR (uint8 weights included: ORT's own weight
     matching wraps around there), and identical activation SQNR where both graphs quantize the same tensors.
     Deeper, ORT also quantizes the conv outputs entering each residual add (the x86 recipe fuses conv+add
     and does not), so torch is higher by up to 2.5 dB (per-channel) deeper in."""
-    ort_backend = OnnxRuntimeBackend(native=False)
+    ort_backend = onnx_backend(native=False)
     workdir = tmp_path_factory.mktemp("ort")
     ort_model = ort_backend.quantize(onnx_path, calib_images, SPECS[name], workdir)
     ort_fp32 = ort_backend.load_fp32(onnx_path, workdir)

@@ -128,15 +128,15 @@ def test_every_input_of_the_output_is_in_the_key(tiny: Path, tmp_path: Path) -> 
 def test_the_code_the_cpu_and_its_kernel_path_are_in_the_key(
     tiny: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from resnet8ptq import hardware
+    from resnet8ptq import disk_cache, hardware
 
     for name in hardware.KERNEL_PATH_ENV:
         monkeypatch.delenv(name, raising=False)
     before = _cache.key(tiny, IMAGES, SPEC, {"cle": None}, 0)
-    fingerprint, detect = _cache.source_fingerprint, hardware.detect
-    monkeypatch.setattr(_cache, "source_fingerprint", lambda: "changed code")
+    fingerprint, detect = disk_cache.source_fingerprint, hardware.detect
+    monkeypatch.setattr(disk_cache, "source_fingerprint", lambda: "changed code")
     assert _cache.key(tiny, IMAGES, SPEC, {"cle": None}, 0) != before
-    monkeypatch.setattr(_cache, "source_fingerprint", fingerprint)
+    monkeypatch.setattr(disk_cache, "source_fingerprint", fingerprint)
     other_cpu = hardware.Hardware("Other CPU", ("avx2",), 2)
     monkeypatch.setattr(hardware, "detect", lambda: other_cpu)
     assert _cache.key(tiny, IMAGES, SPEC, {"cle": None}, 0) != before

@@ -24,6 +24,7 @@ from onnxruntime.quantization.calibrate import TensorData, TensorsData, save_ten
 from onnxruntime.quantization.registry import QDQRegistry, QLinearOpsRegistry
 
 from resnet8ptq.backends.base import Backend, MlflowFlavor, Model, QuantizedModel, Runtime
+from resnet8ptq.backends.onnx import calibration_cache
 from resnet8ptq.backends.onnx.float64 import use_float64
 from resnet8ptq.backends.onnx.layer_errors import QdqPairs
 from resnet8ptq.backends.onnx.options import cpu_options
@@ -149,30 +150,33 @@ class OnnxRuntimeBackend(Backend):
         model_input = input_name(onnx_path)
         fp32 = onnx.load(onnx_path)
 
-        start = time.perf_counter()
-        calibrator = create_calibrator(
-            onnx_path,
-            OP_TYPES,
-            augmented_model_path=str(workdir / "augmented_model.onnx"),
-            calibrate_method=spec.calib.ort_method(),
-            extra_options=spec.calib.ort_options(),
-        )
-        use_float64(calibrator, self.threads)
-        with contextlib.redirect_stdout(io.StringIO()):  # ORT's histogram calibrators print progress lines
-            calibrator.collect_data(ImageReader(calibration_images, spec.calib.batch_size, model_input))
-            if spec.calib.method == "mse":
-                tensors_range = mse_ranges(calibrator.collector.histogram_dict, fp32, spec)
-            else:
-                tensors_range = calibrator.compute_data()
-        tensors_range = with_learned_ranges(tensors_range, spec)
+        def calibrate() -> TensorsData:
+            calibrator = create_calibrator(
+                onnx_path,
+                OP_TYPES,
+                augmented_model_path=str(workdir / "augmented_model.onnx"),
+                calibrate_method=spec.calib.ort_method(),
+                extra_options=spec.calib.ort_options(),
+            )
+            use_float64(calibrator, self.threads)
+            with contextlib.redirect_stdout(io.StringIO()):  # ORT's histogram calibrators print progress
+                calibrator.collect_data(ImageReader(calibration_images, spec.calib.batch_size, model_input))
+                if spec.calib.method == "mse":
+                    computed = mse_ranges(calibrator.collector.histogram_dict, fp32, spec)
+                else:
+                    computed = calibrator.compute_data()
+            del calibrator
+            (workdir / "augmented_model.onnx").unlink(missing_ok=True)
+            return computed
+
+        entry_key = calibration_cache.key(onnx_path, calibration_images, spec, OP_TYPES, self.threads)
+        calibration = calibration_cache.calibrated(self.cache_dir, entry_key, calibrate)
+        tensors_range = with_learned_ranges(calibration.ranges, spec)
         save_tensors_data(tensors_range, ranges_path)
         ranges = {
             name: (float(np.min(data.range_value[0])), float(np.max(data.range_value[1])))
             for name, data in sorted(tensors_range.data.items())
         }
-        del calibrator
-        (workdir / "augmented_model.onnx").unlink(missing_ok=True)
-        calib_seconds = time.perf_counter() - start
 
         start = time.perf_counter()
         widths = activation_widths(fp32, spec, ranges)
@@ -205,8 +209,9 @@ class OnnxRuntimeBackend(Backend):
             runtime=self._runtime(out, workdir) if self.native else Runtime(reference, False, NO_NATIVE),
             ranges=[TensorRange(name, *bounds) for name, bounds in ranges.items()],
             layers=layers,
-            calib_seconds=calib_seconds,
+            calib_seconds=calibration.seconds,
             quantize_seconds=quantize_seconds,
+            tags={calibration_cache.REUSED_TAG: str(calibration.reused).lower()},
         )
 
     def _runtime(self, path: Path, workdir: Path) -> Runtime:
