@@ -60,16 +60,18 @@ def computing(root: Path, entry_key: str) -> contextlib.AbstractContextManager:
 
 
 def store(root: Path, entry_key: str, write: Callable[[Path], None]) -> None:
-    """Make the entry ``root/entry_key`` by ``write(directory)`` into a scratch directory renamed into place;
-    another process that stored the same key first wins. A cache that cannot be written only costs a
+    """Make the entry ``root/entry_key`` by ``write(directory)`` into a scratch directory renamed into place.
+    Called under the key's lock (:func:`computing`) after no complete entry was found: what lies at that
+    path is part of one, left by a killed run, and is replaced. A cache that cannot be written only costs a
     re-computation."""
     scratch = root / f"{entry_key}.{os.getpid()}.tmp"
     try:
         scratch.mkdir(parents=True, exist_ok=True)
         write(scratch)
+        shutil.rmtree(root / entry_key, ignore_errors=True)
         os.rename(scratch, root / entry_key)
     except OSError:
-        pass  # written by another process meanwhile, or not writable
+        pass  # not writable
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 

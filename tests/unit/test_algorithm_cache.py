@@ -147,7 +147,8 @@ def test_the_code_the_cpu_and_its_kernel_path_are_in_the_key(
 
 
 def test_a_half_written_entry_is_not_read(tiny: Path, tmp_path: Path, applied: list) -> None:
-    """A scratch directory left by a killed run, or an entry without its record, is computed again."""
+    """A scratch directory left by a killed run, or an entry without its record, is computed again, and the
+    entry is replaced: the next run reuses it."""
     cache = tmp_path / "cache"
     entry_key = _cache.key(tiny, IMAGES, SPEC, {"cle": None}, 0)
     (cache / "algo" / f"{entry_key}.123.tmp").mkdir(parents=True)
@@ -156,6 +157,8 @@ def test_a_half_written_entry_is_not_read(tiny: Path, tmp_path: Path, applied: l
     done = prepare(AlgoConfig(["cle"]), tiny, IMAGES, SPEC, tmp_path / "a", cache_dir=cache)
     assert len(applied) == 1 and done.tags["algo.reused"] == "false"
     assert onnx.load(done.onnx_path).graph.node  # the model computed now, not the truncated file
+    again = prepare(AlgoConfig(["cle"]), tiny, IMAGES, SPEC, tmp_path / "b", cache_dir=cache)
+    assert len(applied) == 1 and again.tags["algo.reused"] == "true"
 
 
 def test_an_unwritable_cache_only_costs_a_rerun(tiny: Path, tmp_path: Path, applied: list) -> None:

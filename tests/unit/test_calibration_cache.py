@@ -2,7 +2,7 @@
 conv graph: a second quantization of the same model on the same images takes the first one's ranges (tag
 `calib.reused`, its seconds) and makes the same model file; another storage type or per-channel weights reuse
 them, another model, sample, method, thread count, or for `calib=mse` another width, does not; a half-written
-entry is computed again."""
+entry is computed again and replaced."""
 
 from __future__ import annotations
 
@@ -83,3 +83,5 @@ def test_a_half_written_entry_is_computed_again(model: Path, tmp_path: Path) -> 
     (cache / "calib" / f"{entry_key}.123.tmp").mkdir()  # a killed run's scratch directory
     made = backend(cache).quantize(model, IMAGES, SPEC, tmp_path / "run")
     assert made.tags == {"calib.reused": "false"} and made.calib_seconds != 1.0
+    again = backend(cache).quantize(model, IMAGES, SPEC, tmp_path / "again")  # the entry was replaced
+    assert again.tags == {"calib.reused": "true"} and again.calib_seconds == made.calib_seconds
