@@ -18,7 +18,10 @@ from collections.abc import Callable, Iterable
 from functools import cache
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 def key(parts: dict[str, Any], libraries: Iterable[str]) -> str:
@@ -34,6 +37,16 @@ def key(parts: dict[str, Any], libraries: Iterable[str]) -> str:
     }
     text = json.dumps(parts | environment, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def file_digest(path: Path) -> str:
+    """The SHA-256 of a file's bytes (a model's, for a key)."""
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def array_digest(array: np.ndarray) -> list[object]:
+    """An array's bytes' SHA-256 with its shape and dtype (the calibration images', for a key)."""
+    return [hashlib.sha256(array.tobytes()).hexdigest(), list(array.shape), str(array.dtype)]
 
 
 @cache

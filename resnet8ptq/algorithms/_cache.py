@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -47,8 +46,8 @@ def key(
     libraries, the source and the CPU); ``steps``: name -> its parameters (a dataclass or None), in order;
     ``device``: the crossbar settings device-aware learning saw."""
     parts = {
-        "model": hashlib.sha256(onnx_path.read_bytes()).hexdigest(),
-        "images": [hashlib.sha256(images.tobytes()).hexdigest(), list(images.shape), str(images.dtype)],
+        "model": disk_cache.file_digest(onnx_path),
+        "images": disk_cache.array_digest(images),
         "spec": dataclasses.asdict(dataclasses.replace(spec, learned_ranges=())),
         "steps": [
             [name, dataclasses.asdict(parameters) if parameters is not None else None]

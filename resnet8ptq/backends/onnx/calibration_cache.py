@@ -18,7 +18,6 @@ algorithms' output. Delete ``cache_dir/calib`` to calibrate again.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import time
 from collections.abc import Callable
@@ -42,8 +41,8 @@ REUSED_TAG = "calib.reused"
 def key(onnx_path: Path, images: np.ndarray, spec: QuantSpec, op_types: list[str], threads: int) -> str:
     """A short hash of what ORT's calibration of the model at ``onnx_path`` on ``images`` depends on."""
     parts: dict[str, object] = {
-        "model": hashlib.sha256(onnx_path.read_bytes()).hexdigest(),
-        "images": [hashlib.sha256(images.tobytes()).hexdigest(), list(images.shape), str(images.dtype)],
+        "model": disk_cache.file_digest(onnx_path),
+        "images": disk_cache.array_digest(images),
         "calib": dataclasses.asdict(dataclasses.replace(spec.calib, weights="minmax")),
         "op_types": sorted(op_types),
         "threads": threads,
