@@ -68,6 +68,7 @@ def task(cfg: DictConfig) -> float | list[float] | None:
     known failures as :class:`RunFailed`.
     """
     from resnet8ptq.errors import TargetNotReached
+    from resnet8ptq.memory import keep_freed_memory
     from resnet8ptq.pipeline import run as run_one  # the libraries: imported when a job runs, not at start-up
     from resnet8ptq.search.budget import run_within_budget
     from resnet8ptq.search.target import reach_target
@@ -75,6 +76,7 @@ def task(cfg: DictConfig) -> float | list[float] | None:
 
     run = functools.partial(run_one, shared=PROCESS)  # the jobs of this process share PROCESS
 
+    keep_freed_memory()  # in every process that runs a job: launchers' workers too
     hydra_cfg = HydraConfig.get()
     output_dir = Path(hydra_cfg.runtime.output_dir)
     try:

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from resnet8ptq.memory import keep_freed_memory
+
 REPO = Path(__file__).resolve().parents[1]
 INTEGRATION = Path(__file__).resolve().parent / "integration"
 
@@ -45,7 +47,9 @@ def pytest_configure(config: pytest.Config) -> None:
     """Under `pytest -n N` (`make test`), each worker runs on its own share of the cores: its CPU affinity,
     which the runs it starts inherit and size their threads by (``threads=null``). Without it each worker's
     runs take a thread per core, and on 2 cores two workers' ONNX Runtime and torch thread pools ran a sweep
-    2x slower than with one thread each."""
+    2x slower than with one thread each. And each keeps the memory its batches free, as a job's process does
+    (resnet8ptq/memory.py), for the tests that run backends and stages in the worker itself."""
+    keep_freed_memory()
     worker, count = os.environ.get("PYTEST_XDIST_WORKER"), os.environ.get("PYTEST_XDIST_WORKER_COUNT")
     if worker and count and hasattr(os, "sched_setaffinity"):
         cores = sorted(os.sched_getaffinity(0))

@@ -17,6 +17,7 @@ import numpy as np
 from resnet8ptq.calibration import CalibConfig
 from resnet8ptq.digests import model_digest, ranges_digest
 from resnet8ptq.dtype import DtypeConfig
+from resnet8ptq.memory import keep_freed_memory
 from resnet8ptq.spec import QuantSpec
 
 CONFIGURATIONS = {
@@ -45,6 +46,7 @@ def backend(name: str, threads: int):
 
 
 def main(onnx_path: Path, h5: Path, calibration: Path, workdir: Path, threads: int) -> None:
+    keep_freed_memory()  # as a job's process does
     images = np.load(calibration)
     made = {}
     for label, (name, activation, weight, per_channel) in CONFIGURATIONS.items():
