@@ -43,19 +43,23 @@ branch's conv output before the Add in the narrow type (QLinearAdd takes quantiz
 X86 recipe adds in the conv's epilogue (measured at 6 bits: CHANGELOG; at W4A4 with the first and last
 layers at 8 bits and MSE ranges 73.57 % vs 75.65 %, AMD EPYC Zen 4: docs/results.md)."""
 BACKENDS = {"onnx": OnnxRuntimeBackend, "torch": TorchBackend}
+VERDICTS = {("onnx", "a6-pc"), ("onnx", "a16w8"), ("torch", "a16w8")}
+"""The runs whose verdict (native or simulated) a test checks; the others run the reference alone."""
 
 
 @pytest.fixture(scope="module")
 def quantized(
     onnx_backend, canonical_model: CanonicalModel, cifar: Cifar10, tmp_path_factory: pytest.TempPathFactory
 ) -> dict[tuple[str, str], tuple[QuantizedModel, QuantizedResult]]:
-    """Each backend's model for each width configuration, evaluated on the full test set."""
+    """Each backend's model for each width configuration, evaluated on the full test set; with its runtime
+    form (native kernels or a compiled program) where a test checks the verdict (:data:`VERDICTS`)."""
     calibration, _ = calibration_set(cifar, 100, 42)
     images, labels = to_model_input(cifar.test_images), cifar.test_labels
     results = {}
     for backend_name, backend_class in BACKENDS.items():
-        backend = onnx_backend() if backend_class is OnnxRuntimeBackend else backend_class()
         for config, spec in CONFIGS.items():
+            native = (backend_name, config) in VERDICTS
+            backend = onnx_backend(native) if backend_class is OnnxRuntimeBackend else backend_class(native)
             workdir = tmp_path_factory.mktemp(f"{backend_name}-{config}")
             model = backend.quantize(canonical_model.onnx_path, calibration, spec, workdir)
             results[backend_name, config] = model, evaluate_quantized(model, images, labels, config, 0.3)
