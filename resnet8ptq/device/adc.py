@@ -80,21 +80,32 @@ def signed_edges() -> tuple[np.ndarray, np.ndarray]:
     return np.concatenate([-high[::-1], low]), np.concatenate([-low[::-1], high])
 
 
+FLOAT_BITS = {torch.float32: (torch.int32, 23, 127), torch.float64: (torch.int64, 52, 1023)}
+"""Each float type's integer view, mantissa bits and exponent bias (IEEE 754)."""
+SUB_BITS = BINS_PER_OCTAVE.bit_length() - 1
+"""The mantissa's top bits that number a bin within its octave (BINS_PER_OCTAVE = 2^SUB_BITS)."""
+
+
 def magnitude_bin(magnitude: torch.Tensor) -> torch.Tensor:
-    """The |sum| bin of each magnitude (an integer-valued float tensor, >= 0): the integer itself below
-    2^10, else its octave's bin (linear in the mantissa)."""
-    mantissa, exponent = torch.frexp(magnitude)  # magnitude = mantissa · 2^exponent, mantissa in [0.5, 1)
-    sub = torch.floor((mantissa * 2 - 1) * BINS_PER_OCTAVE)
-    logarithmic = EXACT_BINS + (exponent - 11).to(magnitude.dtype) * BINS_PER_OCTAVE + sub
-    index = torch.where(magnitude < EXACT_BINS, magnitude, logarithmic)
-    return index.clamp_(0, BINS - 1).to(torch.int64)
+    """The |sum| bin of each magnitude (an integer-valued float32/float64 tensor, >= 0), in the matching
+    integer type: the integer itself below 2^10, else its octave's bin (linear in the mantissa), read from the
+    float's bits: with |sum| = 1.f · 2^e, (exponent, top SUB_BITS bits of f) is one integer, shifted out of
+    them, and the bin is EXACT_BINS + (e - 10) · BINS_PER_OCTAVE + those bits of f."""
+    int_type, mantissa_bits, bias = FLOAT_BITS[magnitude.dtype]
+    octave_and_sub = magnitude.view(int_type) >> (mantissa_bits - SUB_BITS)
+    logarithmic = octave_and_sub + (EXACT_BINS - ((bias + 10) << SUB_BITS))
+    index = torch.where(magnitude < EXACT_BINS, magnitude.to(int_type), logarithmic)
+    return index.clamp_(0, BINS - 1)
 
 
 def signed_bin(values: torch.Tensor, exact: bool = False) -> torch.Tensor:
-    """The signed histogram's bin of each integer-valued sum; ``exact``: every |sum| is below 2^10 (its bin
-    is itself, no logarithm needed)."""
-    index = values.abs().to(torch.int64) if exact else magnitude_bin(values.abs())
-    return torch.where(values < 0, BINS - 1 - index, BINS + index)
+    """The signed histogram's bin of each integer-valued sum (float32/float64), in the matching integer type;
+    ``exact``: every |sum| is below 2^10 (its bin is itself, no logarithm needed). A negative sum's bin,
+    BINS - 1 - index, is BINS + (index XOR -1)."""
+    int_type = FLOAT_BITS[values.dtype][0]
+    magnitude = values.abs()
+    index = magnitude.to(int_type) if exact else magnitude_bin(magnitude)
+    return (index ^ (values < 0).to(int_type).neg_()) + BINS
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from resnet8ptq.device.adc import (
     codes,
     cover,
     least_error,
+    magnitude_edges,
     magnitude_percentile,
     percentile_range,
     signed_bin,
@@ -64,6 +65,27 @@ def test_bins_are_exact_below_1024_and_cover_each_value() -> None:
     assert np.all(low[index] <= values.numpy()) and np.all(values.numpy() <= high[index])
     exact = np.abs(values.numpy()) < 1024
     assert np.all(low[index][exact] == values.numpy()[exact])  # one bin per integer
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_every_sum_falls_in_its_bin_in_either_float_type(dtype: torch.dtype) -> None:
+    """Sums across the 30 octaves (and the bins' edges, -0.0, beyond 2^40) land in the bin whose edges hold
+    them; the exact shortcut agrees below 2^10."""
+    rng = np.random.default_rng(0)
+    magnitudes = np.floor(np.exp2(rng.uniform(0, 40, 100_000)))
+    edges = np.concatenate([magnitude_edges()[0], magnitude_edges()[1]])
+    values = np.concatenate([magnitudes, -magnitudes, edges, -edges[edges > 0], [0.0, -0.0]])
+    values = values[np.abs(values) < 2.0**40]
+    index = signed_bin(torch.tensor(values, dtype=dtype)).numpy()
+    low, high = signed_edges()
+    assert np.all(low[index] <= values) and np.all(values <= high[index])
+    assert signed_bin(torch.tensor([-0.0, 2.0**45, -(2.0**45)], dtype=dtype)).tolist() == [
+        BINS,
+        2 * BINS - 1,
+        0,
+    ]
+    small = torch.tensor(values[np.abs(values) < 1024], dtype=dtype)
+    assert torch.equal(signed_bin(small, exact=True), signed_bin(small))
 
 
 def test_percentiles_are_exact_on_integer_bins() -> None:
