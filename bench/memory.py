@@ -28,6 +28,7 @@ from _int8 import canonical_model, inputs, quantized_int8  # noqa: E402  (bench/
 
 TIMED = ("integer", "cim rows=128 adc=4")
 MODES = ("default", "kept")
+KEYS = ("wall", "cpu", "system")
 
 
 def child(model_path: Path, device_key: str, mode: str, count: int) -> dict[str, float]:
@@ -80,13 +81,12 @@ def main() -> None:
     print(f"# seconds per 1,000 images, medians of {args.rounds} rounds, each pass in a fresh process")
     for device_key in TIMED:
         medians = {
-            mode: {key: statistics.median(r[key] for r in seconds[device_key, mode]) for key in r}
+            mode: {key: statistics.median(r[key] for r in seconds[device_key, mode]) for key in KEYS}
             for mode in MODES
-            for r in seconds[device_key, mode][:1]
         }
         per_k = 1000 / args.images
         print(f"{device_key}:")
-        for key in ("wall", "cpu", "system"):
+        for key in KEYS:
             default, kept = medians["default"][key], medians["kept"][key]
             ratio = kept / default
             figures = f"default {per_k * default:6.2f}  kept {per_k * kept:6.2f}  kept/default {ratio:5.2f}"
