@@ -4,7 +4,9 @@ single-image latency."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 from tqdm import tqdm
@@ -87,15 +89,40 @@ def measure_latency(predict: Predictor, images: np.ndarray) -> float:
 
 
 @dataclass(frozen=True)
+class Measured:
+    """A model's forms evaluated on the test set (in the order they ran) and the single-image latency of the
+    form whose speed counts; ``reused``: read from an earlier run's (:mod:`resnet8ptq.evaluation_cache`)."""
+
+    evaluations: tuple[Evaluation, ...]
+    latency_ms_b1: float
+    reused: bool = False
+
+
+Kept = Callable[[Path, Mapping[str, object], np.ndarray, np.ndarray, Callable[[], Measured]], Measured]
+"""Where measurements are kept: called with the model's file, its forms, the test images and labels, and how
+to measure, it returns an earlier run's measurement of them or measures and keeps it
+(:meth:`resnet8ptq.evaluation_cache.EvaluationCache.measured`)."""
+
+
+@dataclass(frozen=True)
 class Baseline:
     """The FP32 model of one backend and how it did on the test set."""
 
     model: Model
     evaluation: Evaluation
     latency_ms_b1: float
+    reused: bool = False  # the evaluation came from an earlier run's
 
 
-def evaluate_baseline(model: Model, images: np.ndarray, labels: np.ndarray, name: str) -> Baseline:
-    """The FP32 model's accuracy, throughput and latency on the test set."""
-    evaluation = evaluate(model.predict, images, labels, desc=f"Evaluating {name}")
-    return Baseline(model, evaluation, measure_latency(model.predict, images))
+def evaluate_baseline(
+    model: Model, images: np.ndarray, labels: np.ndarray, name: str, kept: Kept | None = None
+) -> Baseline:
+    """The FP32 model's accuracy, throughput and latency on the test set (or an earlier run's, from ``kept``;
+    None: measured, nothing kept)."""
+
+    def measure() -> Measured:
+        evaluation = evaluate(model.predict, images, labels, desc=f"Evaluating {name}")
+        return Measured((evaluation,), measure_latency(model.predict, images))
+
+    found = measure() if kept is None else kept(model.path, {"fp32": True}, images, labels, measure)
+    return Baseline(model, found.evaluations[0], found.latency_ms_b1, found.reused)

@@ -22,7 +22,7 @@ import numpy as np
 
 from resnet8ptq import hardware
 from resnet8ptq.backends.base import QuantizedModel, Runtime
-from resnet8ptq.evaluate import Evaluation, evaluate, measure_latency
+from resnet8ptq.evaluate import Evaluation, Kept, Measured, evaluate, measure_latency
 from resnet8ptq.hardware import Hardware
 
 NATIVE = "native"
@@ -96,6 +96,7 @@ class QuantizedResult:
     runtime: Evaluation  # the same object as ``reference`` when the runtime runs the reference program
     verdict: Verdict
     latency_ms_b1: float  # of the form whose speed counts (the runtime's, unless it was not used)
+    reused: bool = False  # the evaluations came from an earlier run's (:mod:`resnet8ptq.evaluation_cache`)
 
     @property
     def speed(self) -> Evaluation:
@@ -104,21 +105,47 @@ class QuantizedResult:
 
 
 def evaluate_quantized(
-    quantized: QuantizedModel, images: np.ndarray, labels: np.ndarray, name: str, tolerance_points: float
+    quantized: QuantizedModel,
+    images: np.ndarray,
+    labels: np.ndarray,
+    name: str,
+    tolerance_points: float,
+    kept: Kept | None = None,
 ) -> QuantizedResult:
-    """Evaluate the reference form and, when it is a different program, the runtime form; :func:`judge` it."""
+    """Evaluate the reference form and, when it is a different program, the runtime form (or read both from
+    ``kept``: None keeps nothing); :func:`judge` them."""
     runtime = quantized.runtime
-    reference = evaluate(quantized.reference, images, labels, desc=f"Evaluating {name} (reference)")
     same_program = runtime.predict is quantized.reference
-    measured = (
-        reference if same_program else evaluate(runtime.predict, images, labels, desc=f"Evaluating {name}")
-    )
-    agreement = None
-    if not same_program and not runtime.integer_kernels:
-        agreement = float(np.mean(measured.predictions == reference.predictions))
     dtypes = (quantized.activation_dtype, quantized.weight_dtype)
-    verdict = judge(
-        reference.accuracy, measured.accuracy, runtime, tolerance_points, hardware.detect(), dtypes, agreement
-    )
-    timed = runtime.predict if verdict.runtime_used else quantized.reference
-    return QuantizedResult(reference, measured, verdict, measure_latency(timed, images))
+
+    def verdict_of(reference: Evaluation, measured: Evaluation) -> Verdict:
+        agreement = None
+        if not same_program and not runtime.integer_kernels:
+            agreement = float(np.mean(measured.predictions == reference.predictions))
+        return judge(
+            reference.accuracy,
+            measured.accuracy,
+            runtime,
+            tolerance_points,
+            hardware.detect(),
+            dtypes,
+            agreement,
+        )
+
+    def measure() -> Measured:
+        reference = evaluate(quantized.reference, images, labels, desc=f"Evaluating {name} (reference)")
+        if same_program:
+            return Measured((reference,), measure_latency(runtime.predict, images))
+        measured = evaluate(runtime.predict, images, labels, desc=f"Evaluating {name}")
+        timed = runtime.predict if verdict_of(reference, measured).runtime_used else quantized.reference
+        return Measured((reference, measured), measure_latency(timed, images))
+
+    forms = {
+        "runtime": runtime.kernels,
+        "integer_kernels": runtime.integer_kernels,
+        "same_program": same_program,
+    }
+    found = measure() if kept is None else kept(quantized.path, forms, images, labels, measure)
+    reference, measured = found.evaluations * 2 if same_program else found.evaluations
+    verdict = verdict_of(reference, measured)
+    return QuantizedResult(reference, measured, verdict, found.latency_ms_b1, found.reused)

@@ -26,6 +26,7 @@ from resnet8ptq.backends.base import Backend, MlflowFlavor, QuantizedModel
 from resnet8ptq.data import CLASS_NAMES
 from resnet8ptq.digests import device_digests, run_digests
 from resnet8ptq.evaluate import Baseline, Evaluation
+from resnet8ptq.evaluation_cache import REUSED_TAG as EVAL_REUSED_TAG
 from resnet8ptq.execution import QuantizedResult
 from resnet8ptq.layers import raised_in
 from resnet8ptq.spec import LayerError
@@ -168,7 +169,13 @@ def log_baseline_once(context: RunContext, backend_name: str, model: ModelRecord
                 "eval_seconds": baseline.evaluation.eval_seconds,
             }
             log_metrics(run_id, {**metrics, "fp32_size_bytes": metrics["model_size_bytes"]})
-            set_tags(run_id, run_digests(baseline.model.path, baseline.evaluation.predictions))
+            set_tags(
+                run_id,
+                {
+                    **run_digests(baseline.model.path, baseline.evaluation.predictions),
+                    EVAL_REUSED_TAG: str(baseline.reused).lower(),
+                },
+            )
             files = evaluation_files(baseline.evaluation, context.output_dir / "fp32", name)
             model.log(run_id, name)  # while the charts are drawn
             log_artifacts(run_id, [*files, ("model", baseline.model.path)])
@@ -264,6 +271,7 @@ def read_back_tags(quantized: QuantizedModel, result: QuantizedResult) -> dict[s
         "dtype.weight_bits": str(quantized.weight_bits),
         "execution": result.verdict.execution,
         "execution_reason": result.verdict.reason,
+        EVAL_REUSED_TAG: str(result.reused).lower(),
         **quantized.tags,
     }
 

@@ -10,6 +10,7 @@ from resnet8ptq import drawing, hardware, records
 from resnet8ptq.backends.base import KERAS_SOURCE, Backend
 from resnet8ptq.data import Cifar10
 from resnet8ptq.evaluate import Baseline, evaluate_baseline
+from resnet8ptq.evaluation_cache import EvaluationCache
 from resnet8ptq.inputs import RunInputs, test_set
 from resnet8ptq.model import CanonicalModel
 from resnet8ptq.records import RunContext, model_record
@@ -76,10 +77,11 @@ def fp32_baseline(
     shared: Shared, backend: Backend, onnx_path: Path, cache_dir: Path, data: Cifar10
 ) -> Baseline:
     """The backend's FP32 model evaluated on the test set, once per ``shared``, backend instance (see
-    make_backend), model file and dataset."""
+    make_backend), model file and dataset (an earlier run's evaluation where ``cache_dir`` keeps one)."""
 
     def evaluate() -> Baseline:
         model = backend.load_fp32(onnx_path, cache_dir / backend.NAME)
-        return evaluate_baseline(model, *test_set(shared, data), f"{backend.NAME}-fp32")
+        kept = EvaluationCache.of(backend, cache_dir).measured
+        return evaluate_baseline(model, *test_set(shared, data), f"{backend.NAME}-fp32", kept)
 
     return shared.get("baseline", (backend, onnx_path, cache_dir, data), evaluate)

@@ -12,6 +12,7 @@ from omegaconf import DictConfig
 from resnet8ptq import records
 from resnet8ptq.backends.base import Backend
 from resnet8ptq.device.config import DeviceConfig
+from resnet8ptq.evaluation_cache import EvaluationCache
 from resnet8ptq.execution import evaluate_quantized
 from resnet8ptq.inputs import RunInputs
 from resnet8ptq.mcu.config import McuConfig
@@ -48,13 +49,14 @@ def log_published_once(
     """Evaluate each quantized model published for the backend's format (:meth:`Backend.published_models`)
     on the test set like the backend's own (on the microcontroller path and the run's ``device`` too), and
     log it as a run of its own, once per sweep (on the device of the sweep's run that logs it first)."""
+    kept = EvaluationCache.of(backend, Path(cfg.cache_dir)).measured
     for name, published in backend.published_models(Path(cfg.cache_dir)).items():
         with first_in_sweep(context.experiment_id, **{records.REFERENCE_TAG: name}) as first:
             if not first:
                 continue
             tolerance = cfg.native_tolerance_points
             images, labels = inputs.test_images, inputs.test_labels
-            result = evaluate_quantized(published, images, labels, f"{name} (published)", tolerance)
+            result = evaluate_quantized(published, images, labels, f"{name} (published)", tolerance, kept)
             model = model_record(cfg, backend, published.path, images, inputs.datasets.fp32)
             on_mcu_result = on_mcu(
                 cfg, mcu, backend, Evaluated(name, published.path, result.reference), inputs

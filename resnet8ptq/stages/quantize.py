@@ -16,6 +16,7 @@ from resnet8ptq.algorithms import prepare
 from resnet8ptq.artifacts import Artifact, evaluation_files
 from resnet8ptq.backends.base import QuantizedModel
 from resnet8ptq.cost import configured_cost
+from resnet8ptq.evaluation_cache import EvaluationCache
 from resnet8ptq.execution import evaluate_quantized
 from resnet8ptq.inputs import RunInputs
 from resnet8ptq.layers import check_first_last, check_own_widths, expected_raised, raised_in, sharing
@@ -102,7 +103,9 @@ def quantize_and_evaluate(
     own = check_own_widths(quantized.layers, graph, spec)
     quantized.metrics |= configured_cost(graph, spec).metrics()  # the widths the checks above confirmed
     tolerance = cfg.native_tolerance_points
-    result = evaluate_quantized(quantized, inputs.test_images, inputs.test_labels, plan.name, tolerance)
+    kept = EvaluationCache.of(backend, Path(cfg.cache_dir)).measured
+    images, labels = inputs.test_images, inputs.test_labels
+    result = evaluate_quantized(quantized, images, labels, plan.name, tolerance, kept)
     tags = {"dtype.first_last": first_last} if first_last else {}
     tags |= {"layer_bits": own} if own else {}
     return Quantization(plan.name, prepared, quantized, shared, result, tags=tags)

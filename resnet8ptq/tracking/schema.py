@@ -73,6 +73,7 @@ TAGS = {
     "quantized": "true for a quantized run, false for an FP32 baseline",
     "calib": "the calibration method",
     "calib.reused": "onnx: true when the activation ranges came from an earlier run's calibration",
+    "eval.reused": "true when the evaluation (predictions, seconds, speed) came from an earlier run's",
     "algo": "the PTQ algorithms applied, joined by +, or none",
     "algo.device_aware": "true when the algorithms learned against the run's crossbar (algo.device_aware)",
     "algo.device_noise": "true when that learning drew noisy chips, its cells' effects (algo.device_noise)",

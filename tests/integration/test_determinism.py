@@ -53,6 +53,7 @@ def quantized_run(workdir: Path) -> tuple[float, bytes]:
     (run,) = client.search_runs([experiment_id], "tags.quantized = 'true'")
     assert run.info.status == "FINISHED"
     assert run.data.tags["calib.reused"] == "false"  # calibrated in this process
+    assert run.data.tags["eval.reused"] == "false"  # and evaluated in it
     local = mlflow.artifacts.download_artifacts(
         run_id=run.info.run_id, artifact_path="model/model_quantized.onnx", tracking_uri=uri
     )
@@ -63,7 +64,8 @@ def test_onnx_runs_are_identical(
     cli_env: dict[str, str], initialised_store: Path, model_cache: Path, tmp_path: Path
 ) -> None:
     """Each process calibrates itself: a cache directory of its own, the session's converted model without
-    any calibration ranges (`calib.reused` would otherwise hand the second the first one's)."""
+    any calibration ranges or evaluations (`calib.reused`, `eval.reused` would otherwise hand the second the
+    first one's)."""
     args = ["backend=onnx", "dtype=u8s8", "calib=entropy", "per_channel=true", "report.enabled=false"]
     args += ["backend.native=false", "layer_analysis=false", "mlflow.log_models=false"]  # not compared
     workdirs = [tmp_path / "a", tmp_path / "b"]
@@ -71,7 +73,7 @@ def test_onnx_runs_are_identical(
     for workdir in workdirs:
         workdir.mkdir()
         shutil.copy(initialised_store, workdir / "mlflow.db")
-        unshared = shutil.ignore_patterns("calib", "algo")
+        unshared = shutil.ignore_patterns("calib", "algo", "eval")
         cache = shutil.copytree(model_cache, workdir / "cache", ignore=unshared)
         commands.append([sys.executable, str(REPO / "run.py"), *args, f"cache_dir={cache}"])
     twice(commands, workdirs, cli_env)

@@ -51,6 +51,7 @@ QUANTIZED_TAGS = {
     "quantized",
     "execution",
     "execution_reason",
+    "eval.reused",
     "reduce_range",
     "hardware.cpu",
     "hardware.isa",
@@ -166,6 +167,39 @@ def test_the_storage_types_share_one_calibration(sweep: tuple[Path, list[Run]]) 
     assert [r.data.tags["calib.reused"] for r in quantized[1:]] == ["true", "true"]
     assert len({r.data.metrics["calib_seconds"] for r in quantized}) == 1
     assert len({r.data.tags["digest.calibration_ranges"] for r in quantized}) == 1
+
+
+def test_a_new_store_takes_the_evaluations_the_cache_kept(
+    run_cli, sweep: tuple[Path, list[Run]], tmp_path: Path
+) -> None:
+    """The sweep's uint8 configuration again, into a new store with the session's cache: its FP32 baseline
+    and its quantized model are not evaluated again (`eval.reused`; resnet8ptq/evaluation_cache.py) and the
+    runs hold the sweep's predictions, accuracy, speed and seconds."""
+    result = run_cli(tmp_path, "backend=onnx", "dtype=uint8", "report.enabled=false")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Evaluating" not in result.stderr  # no progress bar: no pass over the test set
+    again = {r.data.tags["quantized"]: r for r in runs_in(tmp_path) if "quantized" in r.data.tags}
+    before = {
+        r.data.tags["quantized"]: r
+        for r in sweep[1]
+        if r.data.tags.get("quantized") == "false" or r.data.params.get("dtype") == "uint8"
+    }
+    assert again.keys() == before.keys() == {"true", "false"}
+    for kind, run in again.items():
+        earlier = before[kind]
+        assert run.data.tags["eval.reused"] == "true", kind
+        assert earlier.data.tags["eval.reused"] in ("true", "false")  # "true": another module's run was first
+        assert run.data.tags["digest.predictions"] == earlier.data.tags["digest.predictions"]
+        for name in ("accuracy", "throughput_img_s", "latency_ms_b1", "eval_seconds"):
+            assert run.data.metrics[name] == earlier.data.metrics[name], (kind, name)
+    predictions = [
+        pd.read_csv(mlflow.artifacts.download_artifacts(
+            run_id=run.info.run_id, artifact_path="evaluation/predictions.csv",
+            tracking_uri=f"sqlite:///{workdir / 'mlflow.db'}",
+        ))
+        for workdir, run in ((tmp_path, again["true"]), (sweep[0], before["true"]))
+    ]  # fmt: skip
+    assert predictions[0].equals(predictions[1])
 
 
 def test_every_run_carries_digests_of_what_it_made(sweep: tuple[Path, list[Run]]) -> None:

@@ -1,0 +1,122 @@
+"""Evaluations on disk (``cache_dir/eval/<key>/``): runs that evaluate the same model on the same test set on
+the same machine (a sweep over device settings run again, the FP32 baseline of every sweep, a configuration
+logged to another store) read the predictions and timings an earlier run measured instead of running the
+10,000 images again. On the 2-core AVX2-only AMD EPYC, one thread, an ONNX Runtime int8 run spends 10 s in
+its reference pass and 6 s in its native pass, its FP32 baseline 5 s, LiteRT's reference kernels 60 s.
+
+The key (:func:`resnet8ptq.disk_cache.key`) is what an evaluation depends on: the model's content
+(:func:`resnet8ptq.digests.model_digest`), which of its forms ran and with which kernels (the reference,
+the runtime form, whether they are one program), the backend, its ``native`` setting and threads, the test
+images' and labels' bytes, the backend's library versions, this package's source, and the machine as a run
+records it (CPU, ISA, cores, kernel-path variables): a timing measured on another CPU is never reused. An
+entry holds each form's class probabilities exactly (``.npy``), its timed pass's seconds and the
+single-image latency; the predictions, accuracy and everything derived are recomputed from them, and the
+verdict from the run's own ``native_tolerance_points``. A run that reads an entry logs the seconds and
+speed measured then and the tag ``eval.reused=true``. Delete ``cache_dir/eval`` to evaluate again.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from resnet8ptq import disk_cache
+from resnet8ptq.evaluate import Evaluation, Measured
+
+if TYPE_CHECKING:
+    from resnet8ptq.backends.base import Backend
+
+CACHE_SUBDIR = "eval"
+RECORD_FILE = "record.json"
+REUSED_TAG = "eval.reused"
+"""``true`` when a run's evaluation (predictions, seconds, speed) came from an earlier run's."""
+
+
+@dataclass(frozen=True)
+class EvaluationCache:
+    """Where one backend's evaluations are kept and what they depend on besides the model and its forms
+    (``settings``)."""
+
+    root: Path
+    settings: Mapping[str, object]
+
+    @classmethod
+    def of(cls, backend: Backend, cache_dir: Path) -> EvaluationCache:
+        """The cache of ``backend``'s evaluations under ``cache_dir``."""
+        from resnet8ptq.hardware import detect
+
+        settings = {
+            "backend": backend.NAME,
+            "native": backend.native,
+            "threads": backend.threads,
+            "versions": backend.versions(),
+            "machine": detect().tags(),
+        }
+        return cls(Path(cache_dir) / CACHE_SUBDIR, settings)
+
+    def key(
+        self, model_path: Path, forms: Mapping[str, object], images: np.ndarray, labels: np.ndarray
+    ) -> str:
+        """The entry of the model at ``model_path`` with these ``forms`` on ``images`` and ``labels``."""
+        from resnet8ptq.digests import model_digest
+
+        parts = {
+            **self.settings,
+            "model": model_digest(model_path),
+            "forms": dict(forms),
+            "images": disk_cache.array_digest(images),
+            "labels": disk_cache.array_digest(np.asarray(labels)),
+        }
+        return disk_cache.key(parts, ("numpy",))
+
+    def measured(
+        self,
+        model_path: Path,
+        forms: Mapping[str, object],
+        images: np.ndarray,
+        labels: np.ndarray,
+        measure: Callable[[], Measured],
+    ) -> Measured:
+        """``measure()``, or what an earlier run's ``measure()`` of the same key stored. A job that needs an
+        entry another process is measuring waits for it (a file lock per key): the two would contend for
+        the same cores anyway."""
+        entry_key = self.key(model_path, forms, images, labels)
+        with disk_cache.computing(self.root, entry_key):
+            found = _load(self.root / entry_key, np.asarray(labels))
+            if found is not None:
+                return found
+            result = measure()
+            disk_cache.store(self.root, entry_key, lambda directory: _write(directory, result))
+        return result
+
+
+def _write(directory: Path, measured: Measured) -> None:
+    for index, evaluation in enumerate(measured.evaluations):
+        np.save(directory / f"probabilities_{index}.npy", evaluation.probabilities)
+    record = {
+        "eval_seconds": [evaluation.eval_seconds for evaluation in measured.evaluations],
+        "latency_ms_b1": measured.latency_ms_b1,
+    }
+    (directory / RECORD_FILE).write_text(json.dumps(record))
+
+
+def _load(entry: Path, labels: np.ndarray) -> Measured | None:
+    """A stored entry, or None when there is none (or only part of one)."""
+    if not (entry / RECORD_FILE).is_file():
+        return None
+    record = json.loads((entry / RECORD_FILE).read_text())
+    files = [entry / f"probabilities_{index}.npy" for index in range(len(record["eval_seconds"]))]
+    if not all(path.is_file() for path in files):
+        return None
+    evaluations = tuple(
+        Evaluation(probabilities.argmax(axis=1), labels, probabilities, seconds)
+        for probabilities, seconds in zip(
+            (np.load(path) for path in files), record["eval_seconds"], strict=True
+        )
+    )
+    return Measured(evaluations, record["latency_ms_b1"], reused=True)
