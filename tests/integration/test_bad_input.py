@@ -263,7 +263,8 @@ def test_unwritable_output_directory(run_cli, workdir: Path, kind: str) -> None:
 
 
 def test_full_output_directory(run_cli, workdir: Path, model_cache: Path) -> None:
-    """The run fails where it writes (after the FP32 evaluation); the model cache is left as it was."""
+    """The run fails where it writes (after the FP32 evaluation); the model cache is left as it was, but for
+    the FP32 evaluation, kept whole (resnet8ptq/evaluation_cache.py): no scratch or partial entry."""
     cache_before = listing(model_cache)
     with tmpfs(workdir / "full", "size=100k") as full:
         result = run_cli(workdir, f"hydra.run.dir={full / 'run'}", "report.enabled=false")
@@ -271,7 +272,12 @@ def test_full_output_directory(run_cli, workdir: Path, model_cache: Path) -> Non
     runs = failed_cleanly(result, workdir, message)
     assert_recorded(runs, message)
     assert f"output directory {full / 'run'}" in result.stderr  # the message says where
-    assert listing(model_cache) == cache_before
+    after = listing(model_cache)
+    assert {path: size for path, size in after.items() if path in cache_before} == cache_before
+    added = {Path(path) for path in after.keys() - cache_before.keys()} - {Path(MD5_CACHE)}  # run alone
+    assert all(path.parts[0] == "eval" and ".tmp" not in path.name for path in added), added
+    for entry in (path for path in added if len(path.parts) == 2 and not path.suffix):
+        assert {entry / "record.json", entry / "probabilities_0.npy"} <= added
 
 
 # --- download failure (the archive URL is a module constant: tested at the function level) ----------------
