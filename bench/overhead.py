@@ -5,7 +5,8 @@ Usage: RESNET8PTQ_ASSETS=../shared python bench/overhead.py [--repeat N]
 The headline sweep is also measured lean (`mlflow.log_models=false layer_analysis=false`: no MLflow Model per
 run and no per-layer SQNR; the same quantize + evaluate work), to show what those two cost.
 Every command runs in its own process (imports included), the tool in a new directory (a new MLflow store),
-with the canonical model converted and the torch programs compiled once before (warm caches). The headline
+with the canonical model converted and the torch programs compiled once before (warm caches), and without
+the calibration ranges, algorithm outputs and evaluations an earlier command kept (`tool`). The headline
 sweep's five commands run N times (default 3), interleaved, since the same command's time moves by 10-20%
 from one run to the next on a shared 2-core VM: the ratios are of the medians, with the spread of the ratios
 of each round. Printed:
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -48,8 +50,19 @@ def timed(command: list[str], cwd: Path) -> tuple[float, str]:
     return seconds, result.stdout + result.stderr
 
 
+WORK_KEPT = ("calib", "algo", "eval")
+"""What `cache_dir` keeps of the runs' own work (ONNX Runtime's calibration ranges, the algorithms' output,
+the evaluations): a measured command starts without it, so the tool does all the work the bare script does."""
+
+
 def tool(workdir: Path, *overrides: str) -> float:
-    return timed([sys.executable, str(REPO / "run.py"), "-m", *overrides], workdir)[0]
+    """Seconds of `run.py -m overrides` in ``workdir``, with a copy of the warm cache directory (the converted
+    model, MLflow's empty store) that holds none of an earlier command's work (:data:`WORK_KEPT`)."""
+    warm = Path(os.environ.get("RESNET8PTQ_CACHE") or Path.home() / ".cache" / "resnet8ptq")
+    cache = Path(tempfile.mkdtemp(prefix="cache-", dir=workdir))
+    if warm.is_dir():
+        shutil.copytree(warm, cache, ignore=shutil.ignore_patterns(*WORK_KEPT), dirs_exist_ok=True)
+    return timed([sys.executable, str(REPO / "run.py"), "-m", *overrides, f"cache_dir={cache}"], workdir)[0]
 
 
 def bare(*axes: str) -> tuple[float, float, str]:
@@ -66,7 +79,7 @@ def main(repeat: int) -> None:
     warm_up = tempfile.mkdtemp(prefix="bench-")
     # Converts and caches the model, and fills inductor's compile cache for the torch programs of the headline
     # sweep: every measured command then starts from the same warm caches (else the first one pays for them).
-    tool(Path(warm_up), *HEADLINE, "report.enabled=false")
+    timed([sys.executable, str(REPO / "run.py"), "-m", *HEADLINE, "report.enabled=false"], Path(warm_up))
     cold, warm, lean_cold, lean_warm, walls, works, fp32, simulated = [], [], [], [], [], [], [], []
     for _ in range(repeat):
         for settings, cold_times, warm_times in (([], cold, warm), (LEAN, lean_cold, lean_warm)):

@@ -2,7 +2,8 @@
 (hydra-joblib-launcher), and the import cost of the entry point for an ONNX-only run.
 
 Usage: RESNET8PTQ_ASSETS=../shared python bench/sweeps.py [--grid]   (--grid adds the 36-run full grid)
-Each sweep runs in a fresh temporary directory (fresh MLflow store) with the model conversion cached.
+Each sweep runs in a fresh temporary directory (fresh MLflow store) with the model conversion cached and
+none of an earlier sweep's calibrations or evaluations (overhead.tool).
 """
 
 from __future__ import annotations
