@@ -106,17 +106,19 @@ def _write(directory: Path, measured: Measured) -> None:
 
 
 def _load(entry: Path, labels: np.ndarray) -> Measured | None:
-    """A stored entry, or None when there is none (or only part of one)."""
+    """A stored entry, or None when there is none, only part of one, or one that cannot be read (a damaged
+    file: it is measured again and replaced)."""
     if not (entry / RECORD_FILE).is_file():
         return None
-    record = json.loads((entry / RECORD_FILE).read_text())
-    files = [entry / f"probabilities_{index}.npy" for index in range(len(record["eval_seconds"]))]
-    if not all(path.is_file() for path in files):
+    try:
+        record = json.loads((entry / RECORD_FILE).read_text())
+        seconds, latency = [float(value) for value in record["eval_seconds"]], float(record["latency_ms_b1"])
+        probabilities = [np.load(entry / f"probabilities_{index}.npy") for index in range(len(seconds))]
+    except (OSError, ValueError, KeyError, TypeError):  # JSONDecodeError is a ValueError
+        return None
+    if not seconds or any(p.ndim != 2 or len(p) != len(labels) for p in probabilities):
         return None
     evaluations = tuple(
-        Evaluation(probabilities.argmax(axis=1), labels, probabilities, seconds)
-        for probabilities, seconds in zip(
-            (np.load(path) for path in files), record["eval_seconds"], strict=True
-        )
+        Evaluation(p.argmax(axis=1), labels, p, s) for p, s in zip(probabilities, seconds, strict=True)
     )
-    return Measured(evaluations, record["latency_ms_b1"], reused=True)
+    return Measured(evaluations, latency, reused=True)

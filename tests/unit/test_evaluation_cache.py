@@ -1,8 +1,8 @@
 """Evaluations on disk (resnet8ptq/evaluation_cache.py), with hand-made predictors over a hand-made model
 file: a second evaluation of the same model content, forms and test set reads the first one's probabilities,
 seconds and latency (tag `eval.reused`) without running a predictor, and the verdict is judged again with the
-run's own tolerance; another model, form, test set, backend setting or machine is measured; a half-written
-entry is measured again and replaced."""
+run's own tolerance; another model, form, test set, backend setting or machine is measured; a half-written or
+damaged entry is measured again and replaced."""
 
 from __future__ import annotations
 
@@ -126,14 +126,30 @@ def test_the_key_is_what_an_evaluation_depends_on(model: Path, tmp_path: Path) -
     assert {"backend", "native", "threads", "versions"} <= set(made.settings)
 
 
-def test_a_half_written_entry_is_measured_again(model: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "damage",
+    ["no probabilities", "truncated probabilities", "other images' probabilities", "bad record"],
+)
+def test_a_half_written_or_damaged_entry_is_measured_again(model: Path, tmp_path: Path, damage: str) -> None:
     def measure() -> Measured:
         return Measured((evaluate(Counted(), IMAGES, LABELS),), 1.5)
 
     store = cache(tmp_path)
     entry = store.root / store.key(model, {}, IMAGES, LABELS)
     entry.mkdir(parents=True)
-    (entry / RECORD_FILE).write_text('{"eval_seconds": [1.0], "latency_ms_b1": 2.0}')  # no probabilities
+    (entry / RECORD_FILE).write_text('{"eval_seconds": [1.0], "latency_ms_b1": 2.0}')
+    probabilities = entry / "probabilities_0.npy"
+    if damage == "truncated probabilities":
+        np.save(probabilities, np.ones((len(IMAGES), 10), np.float32))
+        probabilities.write_bytes(probabilities.read_bytes()[:-100])
+    elif damage == "other images' probabilities":
+        np.save(probabilities, np.ones((len(IMAGES) - 1, 10), np.float32))
+    elif damage == "bad record":
+        np.save(probabilities, np.ones((len(IMAGES), 10), np.float32))
+        (entry / RECORD_FILE).write_text('{"eval_seconds": [1.0]')
     found = store.measured(model, {}, IMAGES, LABELS, measure)
     assert not found.reused and found.latency_ms_b1 == 1.5
-    assert store.measured(model, {}, IMAGES, LABELS, measure).reused
+    again = store.measured(model, {}, IMAGES, LABELS, measure)  # the entry was replaced
+    assert again.reused and np.array_equal(
+        again.evaluations[0].probabilities, found.evaluations[0].probabilities
+    )
