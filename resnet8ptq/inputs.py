@@ -60,6 +60,11 @@ class RunInputs:
     per_class: int
     seed: int
 
+    @property
+    def test_set_digest(self) -> str:
+        """The content digest of the test images and labels, as the run logs its test-set dataset."""
+        return self.datasets.fp32["evaluation"].digest
+
     def calibration_sample(self) -> dict[str, object]:
         """Which training images the calibration sample is, for a hardware team's export (crossbar.json)."""
         return {

@@ -9,7 +9,7 @@ from pathlib import Path
 from resnet8ptq import drawing, hardware, records
 from resnet8ptq.backends.base import KERAS_SOURCE, Backend
 from resnet8ptq.data import Cifar10
-from resnet8ptq.evaluate import Baseline, evaluate_baseline
+from resnet8ptq.evaluate import Baseline, Kept, evaluate_baseline
 from resnet8ptq.evaluation_cache import EvaluationCache
 from resnet8ptq.inputs import RunInputs, test_set
 from resnet8ptq.model import CanonicalModel
@@ -43,7 +43,8 @@ class Fp32Stage(Stage):
         canonical = fp32_model(cfg.model.path, cfg.model.sha256, Path(cfg.cache_dir))
         source = source_path(backend, canonical, canonical.onnx_path)
         drawing.wait_started()  # its start-up over before anything is timed
-        baseline = fp32_baseline(shared, backend, source, Path(cfg.cache_dir), inputs.data)
+        kept = EvaluationCache.of(backend, Path(cfg.cache_dir), inputs.test_set_digest).measured
+        baseline = fp32_baseline(shared, backend, source, Path(cfg.cache_dir), inputs.data, kept)
         tags = {
             "data.verified": f"md5 ({inputs.data.layout} layout)",
             "model.sha256": canonical.h5_sha256,
@@ -74,14 +75,18 @@ def source_path(backend: Backend, canonical: CanonicalModel, onnx_path: Path) ->
 
 
 def fp32_baseline(
-    shared: Shared, backend: Backend, onnx_path: Path, cache_dir: Path, data: Cifar10
+    shared: Shared,
+    backend: Backend,
+    onnx_path: Path,
+    cache_dir: Path,
+    data: Cifar10,
+    kept: Kept | None = None,
 ) -> Baseline:
     """The backend's FP32 model evaluated on the test set, once per ``shared``, backend instance (see
-    make_backend), model file and dataset (an earlier run's evaluation where ``cache_dir`` keeps one)."""
+    make_backend), model file and dataset (or an earlier run's evaluation, from ``kept``)."""
 
     def evaluate() -> Baseline:
         model = backend.load_fp32(onnx_path, cache_dir / backend.NAME)
-        kept = EvaluationCache.of(backend, cache_dir).measured
         return evaluate_baseline(model, *test_set(shared, data), f"{backend.NAME}-fp32", kept)
 
     return shared.get("baseline", (backend, onnx_path, cache_dir, data), evaluate)

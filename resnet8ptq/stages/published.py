@@ -49,7 +49,7 @@ def log_published_once(
     """Evaluate each quantized model published for the backend's format (:meth:`Backend.published_models`)
     on the test set like the backend's own (on the microcontroller path and the run's ``device`` too), and
     log it as a run of its own, once per sweep (on the device of the sweep's run that logs it first)."""
-    kept = EvaluationCache.of(backend, Path(cfg.cache_dir)).measured
+    kept = EvaluationCache.of(backend, Path(cfg.cache_dir), inputs.test_set_digest).measured
     for name, published in backend.published_models(Path(cfg.cache_dir)).items():
         with first_in_sweep(context.experiment_id, **{records.REFERENCE_TAG: name}) as first:
             if not first:

@@ -103,7 +103,7 @@ def quantize_and_evaluate(
     own = check_own_widths(quantized.layers, graph, spec)
     quantized.metrics |= configured_cost(graph, spec).metrics()  # the widths the checks above confirmed
     tolerance = cfg.native_tolerance_points
-    kept = EvaluationCache.of(backend, Path(cfg.cache_dir)).measured
+    kept = EvaluationCache.of(backend, Path(cfg.cache_dir), inputs.test_set_digest).measured
     images, labels = inputs.test_images, inputs.test_labels
     result = evaluate_quantized(quantized, images, labels, plan.name, tolerance, kept)
     tags = {"dtype.first_last": first_last} if first_last else {}

@@ -50,7 +50,8 @@ def model(tmp_path: Path) -> Path:
 
 
 def cache(tmp_path: Path, **settings: object) -> EvaluationCache:
-    return EvaluationCache(tmp_path / "cache" / CACHE_SUBDIR, {"backend": "onnx", "threads": 1, **settings})
+    parts = {"test_set": "digest", "backend": "onnx", "threads": 1, **settings}
+    return EvaluationCache(tmp_path / "cache" / CACHE_SUBDIR, parts)
 
 
 def quantized(path: Path, reference: Counted, runtime: Counted) -> QuantizedModel:
@@ -116,12 +117,12 @@ def test_the_key_is_what_an_evaluation_depends_on(model: Path, tmp_path: Path) -
         cache(tmp_path).key(other_model, forms, IMAGES, LABELS),
         cache(tmp_path).key(model, {"fp32": False}, IMAGES, LABELS),
         cache(tmp_path).key(model, forms, IMAGES[:-1], LABELS[:-1]),
-        cache(tmp_path).key(model, forms, IMAGES, (LABELS + 1) % 10),
+        cache(tmp_path, test_set="another test set's digest").key(model, forms, IMAGES, LABELS),
         cache(tmp_path, threads=2).key(model, forms, IMAGES, LABELS),
     ):
         assert changed != before
-    made = EvaluationCache.of(OnnxRuntimeBackend(native=False, threads=1), tmp_path)
-    assert made.root == tmp_path / CACHE_SUBDIR
+    made = EvaluationCache.of(OnnxRuntimeBackend(native=False, threads=1), tmp_path, "digest")
+    assert made.root == tmp_path / CACHE_SUBDIR and made.settings["test_set"] == "digest"
     assert made.settings["machine"] == hardware.detect().tags()  # CPU, ISA, cores, kernel path
     assert {"backend", "native", "threads", "versions"} <= set(made.settings)
 

@@ -15,7 +15,6 @@ from resnet8ptq.backends.base import Model
 from resnet8ptq.data import Cifar10
 from resnet8ptq.shared import Shared
 from resnet8ptq.stages import fp32
-from tests.unit.test_onnx_float64 import conv_model
 
 
 @pytest.fixture
@@ -36,25 +35,13 @@ class _CountingBackend:
     """Just enough of a backend for fp32_baseline: counts its FP32 model loads."""
 
     NAME = "fake"
-    native = True
-    threads = 1
 
     def __init__(self) -> None:
         self.loads = 0
 
-    @staticmethod
-    def versions() -> dict[str, str]:
-        return {}
-
     def load_fp32(self, onnx_path: Path, workdir: Path) -> Model:
         self.loads += 1
         return Model(lambda images: np.full((len(images), 10), 0.1, np.float32), onnx_path, onnx_path)
-
-
-@pytest.fixture
-def model(tmp_path: Path) -> Path:
-    """A model file whose content the evaluation cache can digest."""
-    return conv_model(tmp_path / "model.onnx", np.ones((2, 2, 3, 3), np.float32))
 
 
 def test_the_data_is_read_once_per_process_and_root(reads: Counter) -> None:
@@ -65,13 +52,13 @@ def test_the_data_is_read_once_per_process_and_root(reads: Counter) -> None:
     assert reads == {"/data/a": 1, "/data/b": 1} and shared.kept("dataset") == 2
 
 
-def test_runs_of_one_process_evaluate_each_fp32_baseline_once(reads: Counter, model: Path) -> None:
-    shared, backend, tmp_path = Shared(), _CountingBackend(), model.parent
+def test_runs_of_one_process_evaluate_each_fp32_baseline_once(reads: Counter, tmp_path: Path) -> None:
+    shared, backend = Shared(), _CountingBackend()
     baselines = [
         fp32.fp32_baseline(
             shared,
             backend,
-            model,
+            tmp_path / "model.onnx",
             tmp_path,
             inputs.load_dataset(shared, "/d", False, "/c"),
         )
@@ -81,15 +68,14 @@ def test_runs_of_one_process_evaluate_each_fp32_baseline_once(reads: Counter, mo
     assert baselines[0] is baselines[1] is baselines[2]
 
 
-def test_two_shared_objects_share_nothing(reads: Counter, model: Path, tmp_path: Path) -> None:
+def test_two_shared_objects_share_nothing(reads: Counter, tmp_path: Path) -> None:
     """Two configurations run side by side in one process, each with its own Shared: each reads its data and
-    loads its baseline (the second takes the evaluation the first kept in its own cache directory); the
-    quantizations kept for a device sweep are apart too."""
+    evaluates its baseline; the quantizations kept for a device sweep are apart too."""
     backend = _CountingBackend()
     first, second = Shared(), Shared()
     for shared in (first, second):
         data = inputs.load_dataset(shared, "/d", False, "/c")
-        fp32.fp32_baseline(shared, backend, model, tmp_path, data)
+        fp32.fp32_baseline(shared, backend, tmp_path / "model.onnx", tmp_path, data)
     assert reads == {"/d": 2} and backend.loads == 2
     first.quantized.put("key", object())  # type: ignore[arg-type]
     assert second.quantized.get("key") is None and first.quantized.get("key") is not None
