@@ -1,7 +1,8 @@
 """ONNX Runtime's calibrators fed float64 activations (resnet8ptq/backends/onnx/float64.py), on a hand-made
 conv graph: the same tensors and, to float32's rounding, the same ranges as ORT's own float32 session, with
-the graph input passed through; each value a float64 sum rounded once to float32; a calibrator without the
-session attribute is refused by name."""
+the graph input passed through; each value a float64 sum rounded once to float32; the MinMax calibrator's
+extrema taken in one pass equal onnx2torch's axis-by-axis ones; a calibrator without the session attribute
+is refused by name."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from onnxruntime.quantization import CalibrationMethod, create_calibrator
 
+from resnet8ptq.backends.onnx import float64 as float64_module
 from resnet8ptq.backends.onnx.backend import session
 from resnet8ptq.backends.onnx.float64 import Float64Session, use_float64
 from resnet8ptq.backends.onnx.reader import ImageReader
@@ -83,6 +85,43 @@ def test_values_are_float64_sums_rounded_once(tmp_path: Path) -> None:
     assert ours.dtype == np.float32
     np.testing.assert_array_equal(ours, exact)
     assert (ort_float32 != exact).any()
+
+
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_extrema_in_one_pass_equal_onnx2torchs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, per_channel: bool
+) -> None:
+    """ORT's MinMax calibrator reduces each tensor over all axes (per channel: all but the channel's), keeping
+    the dimensions: torch.amax/amin in place of onnx2torch's modules give the same ranges exactly."""
+    from onnx2torch.node_converters.reduce import OnnxReduceStaticAxes
+
+    rng = np.random.default_rng(2)
+    path = conv_model(tmp_path / "m.onnx", rng.normal(size=(4, 2, 3, 3)).astype(np.float32))
+    images = rng.uniform(-3, 3, size=(8, 2, 6, 6)).astype(np.float32)
+
+    def collected() -> tuple[dict[str, tuple[np.ndarray, ...]], list[str]]:
+        calibrator = create_calibrator(
+            path,
+            ["Conv", "Relu"],
+            augmented_model_path=str(tmp_path / "aug.onnx"),
+            calibrate_method=CalibrationMethod.MinMax,
+            extra_options={"per_channel": per_channel},
+        )
+        use_float64(calibrator, threads=1)
+        modules = [type(module).__name__ for module in calibrator.infer_session._module.modules()]
+        calibrator.collect_data(ImageReader(images, 4, "input"))
+        found = calibrator.compute_data().data
+        return {name: tuple(map(np.asarray, data.range_value)) for name, data in found.items()}, modules
+
+    ours, modules = collected()
+    monkeypatch.setattr(float64_module, "one_pass_extrema", lambda module: module)
+    theirs, their_modules = collected()
+    assert OnnxReduceStaticAxes.__name__ in their_modules and OnnxReduceStaticAxes.__name__ not in modules
+    assert ours.keys() == theirs.keys() and "conv" in ours
+    assert ours["conv"][0].size == (4 if per_channel else 1)  # one range per output channel, or one
+    for name, (low, high) in theirs.items():
+        np.testing.assert_array_equal(ours[name][0], low, err_msg=name)
+        np.testing.assert_array_equal(ours[name][1], high, err_msg=name)
 
 
 def test_a_calibrator_without_a_session_is_refused() -> None:

@@ -41,7 +41,7 @@ class Float64Session:
         self._computed = [value.name for value in computed]
         del model.graph.output[:]  # onnx2torch cannot return a graph input as an output
         model.graph.output.extend(computed)
-        self._module = convert(model).double().eval()
+        self._module = one_pass_extrema(convert(model)).double().eval()
 
     def get_inputs(self) -> list[SimpleNamespace]:
         return [SimpleNamespace(name=name) for name in self._inputs]
@@ -64,6 +64,43 @@ class Float64Session:
         passed = [name for name in self._outputs if name in self._inputs]
         values.update({name: np.asarray(feed[name], dtype=np.float32).copy() for name in passed})
         return [values[name] for name in output_names or self._outputs]
+
+
+def one_pass_extrema(module: Any) -> Any:
+    """``module`` (onnx2torch's conversion of an augmented model) with each ReduceMax/ReduceMin that keeps its
+    dimensions computed in one pass over the tensor (``torch.amax``/``torch.amin``).
+
+    Why: onnx2torch (1.5.15) reduces such a node one axis at a time with ``torch.max``/``torch.min``,
+    which also compute the indices of the extrema; ORT's MinMax calibrator adds two of these nodes per
+    calibrated tensor (``keepdims=1``, all axes or all but the channel's), and on ResNet8 they took half
+    the calibration's time (6 of 12 s, 1,000 images, one core of the AVX2-only AMD EPYC). The extremum of a
+    set of numbers is exact whatever order it is taken in, so the values are the same."""
+    import torch
+    from onnx2torch.node_converters.reduce import OnnxReduceStaticAxes
+
+    class Extremum(torch.nn.Module):
+        def __init__(self, largest: bool, axes: list[int] | None) -> None:
+            super().__init__()
+            self.reduce = torch.amax if largest else torch.amin
+            self.axes = axes
+
+        def forward(self, tensor: torch.Tensor) -> torch.Tensor:
+            axes = self.axes if self.axes else list(range(tensor.dim()))
+            return self.reduce(tensor, dim=axes, keepdim=True)
+
+    for name, node in list(module.named_modules()):
+        if (
+            isinstance(node, OnnxReduceStaticAxes)
+            and node.keepdims
+            and node.operation_type in ("ReduceMax", "ReduceMin")
+        ):
+            parent, _, attribute = name.rpartition(".")
+            setattr(
+                module.get_submodule(parent),
+                attribute,
+                Extremum(node.operation_type == "ReduceMax", node.axes),
+            )
+    return module
 
 
 def use_float64(calibrator: Any, threads: int) -> None:
