@@ -39,6 +39,7 @@ from resnet8ptq.backends.onnx.widths import (
     tensor_overrides,
 )
 from resnet8ptq.device.graph import IntegerModel
+from resnet8ptq.entropy_threshold import use_fast_search
 from resnet8ptq.model import save_onnx
 from resnet8ptq.spec import QuantSpec, TensorRange
 
@@ -159,6 +160,7 @@ class OnnxRuntimeBackend(Backend):
                 extra_options=spec.calib.ort_options(),
             )
             use_float64(calibrator, self.threads)
+            use_fast_search(calibrator)
             with contextlib.redirect_stdout(io.StringIO()):  # ORT's histogram calibrators print progress
                 calibrator.collect_data(ImageReader(calibration_images, spec.calib.batch_size, model_input))
                 if spec.calib.method == "mse":
