@@ -1,6 +1,7 @@
 """Fixtures of the integration tier: the real CIFAR-10 and model (RESNET8PTQ_ASSETS, default ../shared), the
-converted model, an MLflow store, `run.py` run as a user would, and one sweep of the three toolchains that
-several modules check."""
+converted model, an MLflow store, `run.py` run as a user would (forked from a process that has imported the
+libraries: tests/integration/cli_zygote.py), and one sweep of the three toolchains that several modules
+check."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +22,7 @@ from resnet8ptq.data import BINARY_DIR, Cifar10, calibration_set, load_cifar10, 
 from resnet8ptq.model import MODEL_FILENAME, MODEL_SHA256, CanonicalModel, canonical_onnx, resolve_h5
 from resnet8ptq.tracking.store import seed_sqlite_store
 from resnet8ptq.tracking.sweep import PARENT_RUN_ENV
+from tests.integration.cli_zygote import Zygote, needs_fresh_interpreter
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -85,17 +88,30 @@ def cli_env(assets_dir: Path, model_cache: Path, canonical_model: CanonicalModel
 
 
 @pytest.fixture(scope="session")
-def run_cli(cli_env: dict[str, str]):
+def cli_zygote(cli_env: dict[str, str]) -> Iterator[Zygote]:
+    """A process that has imported the libraries a run imports, and forks `run.py` for each CLI call
+    (tests/integration/cli_zygote.py): one per worker, started at its first CLI call."""
+    zygote = Zygote(cli_env)
+    yield zygote
+    zygote.close()
+
+
+@pytest.fixture(scope="session")
+def run_cli(cli_env: dict[str, str], cli_zygote: Zygote):
     """Run `python run.py ARGS` in a working directory, as a user would; return the finished process.
-    The environment is `cli_env` unless ``env`` is given."""
+    The environment is `cli_env` unless ``env`` is given. Forked from :func:`cli_zygote`, unless the
+    environment changes what is read at start-up or the test asks for a new interpreter (``fresh``)."""
 
     def run(
-        cwd: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 900
+        cwd: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 900, fresh: bool = False
     ) -> subprocess.CompletedProcess[str]:
+        env = cli_env if env is None else env
+        if not fresh and not needs_fresh_interpreter(env, cli_zygote.env):
+            return cli_zygote.run(list(args), cwd, env, timeout)
         return subprocess.run(
             [sys.executable, str(REPO / "run.py"), *args],
             cwd=cwd,
-            env=cli_env if env is None else env,
+            env=env,
             capture_output=True,
             text=True,
             timeout=timeout,
