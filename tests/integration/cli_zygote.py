@@ -54,10 +54,13 @@ PRELOADED = (
     "resnet8ptq.app",
     "resnet8ptq.pipeline",
     "resnet8ptq.backends.onnx.backend",
+    "resnet8ptq.backends.torch.backend",  # torchao: 3 s of a torch run's start
+    "resnet8ptq.backends.tflite.backend",
     "resnet8ptq.report.writer",
     "resnet8ptq.report.figures",
 )
-"""What a run imports before its work (python -X importtime run.py): imported once, in the zygote."""
+"""What a run imports before its work (python -X importtime run.py), each backend's included: imported once,
+in the zygote. Never TensorFlow: the package runs it in child processes of its own."""
 READ_AT_START = ("PYTHON", "MALLOC_", "GLIBC_", "LD_", "ATEN_", "ONEDNN_", "DNNL_", "OMP_", "MKL_", "KMP_")
 """Prefixes of the variables the interpreter, the allocator or the libraries read when they load."""
 
@@ -153,22 +156,25 @@ class Zygote:
 
     def __init__(self, env: dict[str, str]) -> None:
         self.env = dict(env)
-        self._server = subprocess.Popen(
-            [sys.executable, "-m", "tests.integration.cli_zygote"],
-            cwd=REPO,
-            env=self.env,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            bufsize=1,
-        )
+        self._scratch = Path(tempfile.mkdtemp(prefix="cli-zygote-"))
+        self._log = self._scratch / "zygote.log"  # its own messages (import warnings, a failure)
+        with self._log.open("w") as log:
+            self._server = subprocess.Popen(
+                [sys.executable, "-m", "tests.integration.cli_zygote"],
+                cwd=REPO,
+                env=self.env,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                text=True,
+                bufsize=1,
+            )
         self._ids = itertools.count()
         self._lock = threading.Lock()
         self._started: dict[int, Future] = {}
         self._ended: dict[int, Future] = {}
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
-        self._scratch = Path(tempfile.mkdtemp(prefix="cli-zygote-"))
 
     def _read(self) -> None:
         for line in self._server.stdout:
@@ -178,9 +184,9 @@ class Zygote:
                     self._started.pop(answer["id"]).set_result(answer["pid"])
                 else:
                     self._ended.pop(answer["id"]).set_result(answer["code"])
-        with self._lock:  # the server is gone: every waiting call learns it
+        with self._lock:  # the server is gone: every waiting call learns it, with the end of its log
             for future in [*self._started.values(), *self._ended.values()]:
-                future.set_exception(RuntimeError("the CLI zygote exited"))
+                future.set_exception(RuntimeError(f"the CLI zygote exited: {self._log.read_text()[-3000:]}"))
 
     def run(
         self, args: list[str], cwd: Path, env: dict[str, str], timeout: float
@@ -201,7 +207,7 @@ class Zygote:
             }
             self._server.stdin.write(json.dumps(request) + "\n")
             self._server.stdin.flush()
-        pid = started.result(timeout=60)
+        pid = started.result(timeout=300)  # the first call waits for the imports
         command = [sys.executable, RUN_PY, *args]
         try:
             code = ended.result(timeout=timeout)
