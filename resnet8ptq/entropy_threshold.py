@@ -35,14 +35,13 @@ class HistogramCollector(calibrate.HistogramCollector):
         zero_bin_index = num_bins // 2
         num_half_quantized_bin = num_quantized_bins // 2
         dtype = hist_edges.dtype
-        kl_divergence = np.zeros(zero_bin_index - num_half_quantized_bin + 1)
-        thresholds = [(np.array(0, dtype=dtype), np.array(0, dtype=dtype)) for _ in range(kl_divergence.size)]
+        kl_divergence, thresholds = [], []  # one of each per window
         below = np.concatenate([[0], np.cumsum(hist)]).astype(hist.dtype)  # below[k] = sum(hist[:k]), exact
 
         for i in range(num_half_quantized_bin, zero_bin_index + 1):
             start_index = zero_bin_index - i
             end_index = min(zero_bin_index + i + 1, num_bins)
-            thresholds[i - num_half_quantized_bin] = (hist_edges[start_index], hist_edges[end_index])
+            thresholds.append((hist_edges[start_index], hist_edges[end_index]))
             sliced = hist[start_index:end_index]
 
             p = sliced.copy()  # the reference distribution, outliers folded into its end bins
@@ -62,11 +61,8 @@ class HistogramCollector(calibrate.HistogramCollector):
             q[:whole] = np.repeat(spread, merged)  # float to int64: truncated, as ORT's slice assignment
 
             p, q = smooth_distribution(p), smooth_distribution(q)
-            if p is None or q is None:
-                div = np.array(np.inf, dtype=dtype)
-            else:
-                div = np.array(calibrate.entropy(p, q), dtype=dtype)
-            kl_divergence[i - num_half_quantized_bin] = div
+            divergence = np.inf if p is None or q is None else calibrate.entropy(p, q)
+            kl_divergence.append(np.array(divergence, dtype=dtype))  # in the edges' type, as ORT stores it
 
         optimal_threshold = thresholds[np.argmin(kl_divergence)]
         min_value, max_value = histogram[2], histogram[3]

@@ -79,14 +79,12 @@ def _child(request: dict) -> None:
     code = 1
     try:
         os.setsid()  # its own process group: a timeout kills it with the jobs it started
-        null = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(null, 0)
+        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
         for fd, path in ((1, request["out"]), (2, request["err"])):
             os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), fd)
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
-        signal.signal(signal.SIGINT, signal.default_int_handler)
         atexit._clear()  # the zygote's exit hooks are not the run's
         sys.argv = [RUN_PY, *request["argv"]]
         sys.path[0] = str(REPO)  # as `python run.py` has it: the script's directory first
