@@ -18,7 +18,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from resnet8ptq.algorithms import AlgoConfig, prepare  # noqa: E402
+from resnet8ptq.algorithms import AlgoConfig, Context, prepare  # noqa: E402
 from resnet8ptq.calibration import CalibConfig  # noqa: E402
 from resnet8ptq.data import calibration_set, load_cifar10  # noqa: E402
 from resnet8ptq.device.config import Crossbar  # noqa: E402
@@ -66,7 +66,7 @@ def main() -> None:
         for index, (name, algo) in enumerate(variants.items()):
             algo.brecq_iterations = args.iterations
             start = time.perf_counter()
-            prepare(algo, model.onnx_path, images, spec, work / str(index), seed=42, crossbar=crossbar)
+            prepare(algo, model.onnx_path, Context(images, spec, 42, crossbar), work / str(index))
             seconds[name] = time.perf_counter() - start
     print(f"CPU: {detect().label}; {args.iterations} iterations per block, 1,000 calibration images")
     print(

@@ -31,7 +31,8 @@ sys.path.insert(0, str(REPO))
 
 from _devices import DEVICES  # noqa: E402  (bench/_devices.py)
 
-from resnet8ptq.device.adc import LayerSteps, PartialSumProfile, calibrated_steps  # noqa: E402
+from resnet8ptq.device.adc import LayerSteps, PartialSumProfile  # noqa: E402
+from resnet8ptq.device.adc_ranges import AdcRule, calibrated_steps  # noqa: E402
 from resnet8ptq.device.cim import CrossbarArithmetic  # noqa: E402
 from resnet8ptq.device.config import DeviceConfig  # noqa: E402
 from resnet8ptq.device.executor import Arithmetic, Ideal, execute  # noqa: E402
@@ -53,10 +54,7 @@ def steps_on(model: IntegerModel, device: DeviceConfig, calibration: np.ndarray,
     profile = PartialSumProfile()
     ideal = CrossbarArithmetic(crossbar.ideal(), profile=profile)
     execute(model, calibration, ideal, device.images_per_step, device=on)
-    c = crossbar
-    return calibrated_steps(
-        profile, c.adc_bits, device.range_rule, c.adc_granularity, c.adc_window, c.adc_step, c.adc_percentile
-    )
+    return calibrated_steps(profile, AdcRule.of(crossbar, device.range_rule))
 
 
 def logits_on(model: IntegerModel, device: DeviceConfig, steps: dict, images: np.ndarray, on: str) -> list:

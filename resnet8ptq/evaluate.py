@@ -75,6 +75,17 @@ def evaluate(
     return Evaluation(probs.argmax(axis=1), np.asarray(labels), probs, seconds)
 
 
+@dataclass(frozen=True)
+class Evaluated:
+    """A quantized model evaluated on the test set, as the device and microcontroller stages take it (the
+    run's own model, or a published one): its name in progress and logs, its file, its reference
+    evaluation."""
+
+    name: str
+    path: Path
+    reference: Evaluation
+
+
 def measure_latency(predict: Predictor, images: np.ndarray) -> float:
     """Median milliseconds of ``LATENCY_RUNS`` single-image calls (after ``LATENCY_WARMUP`` warm-up calls)."""
     singles = images[: max(LATENCY_RUNS, LATENCY_WARMUP)]

@@ -132,6 +132,15 @@ class Quantization:
     adc_profiles: dict[tuple, Any] = field(default_factory=dict)  # by crossbar layout (device/evaluate.py)
 
 
+@dataclass(frozen=True)
+class Quantized:
+    """The ``quantize`` stage's result: the quantization (shared by the device runs that reuse it) and this
+    run's evaluation files (:func:`~resnet8ptq.artifacts.evaluation_files`, drawn while later stages run)."""
+
+    made: Quantization
+    evaluation: list[Artifact]
+
+
 def unquantized(params: Mapping[str, Any], tags: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, str]]:
     """A quantized run's params and tags without its quantization settings: those of a run of a model this
     configuration did not make (the FP32 baseline, a published model)."""
@@ -221,14 +230,14 @@ def log_quantized(
     run_id: str,
     run_name: str,
     cfg: DictConfig,
-    made: Quantization,
-    evaluation: list[Artifact],
+    quantization: Quantized,
     model: ModelRecord,
 ) -> None:
-    """Everything a quantized run records: metrics, effective dtypes, execution, the ``evaluation``'s files
+    """Everything a quantized run records: metrics, effective dtypes, execution, the evaluation's files
     (:func:`~resnet8ptq.artifacts.evaluation_files`), layer errors, every layer's precision and which layer
     takes which one's quantization, the layers raised to 16 bits, artifacts, the MLflow Model and the
     datasets; what the PTQ algorithms did and their seconds."""
+    made, evaluation = quantization.made, quantization.evaluation
     quantized, prepared, output_dir = made.quantized, made.prepared, context.output_dir
     layer_errors = made.layer_errors or []
     # Drawn while the run logs; none without the analysis (layer_analysis=false).
@@ -287,20 +296,26 @@ class OnDevice:
     calibration: dict[str, Any]
 
 
-def log_published(
-    context: RunContext,
-    name: str,
-    published: QuantizedModel,
-    result: QuantizedResult,
-    model: ModelRecord,
-    mcu: McuResult | None = None,
-    device: OnDevice | None = None,
-) -> None:
-    """Log a published quantized model (``name``: its publisher, e.g. ``mlperf``) as a run of its own (tags
-    ``reference=<name>``, quantized=true), evaluated like the backend's models; Δ against the backend's FP32;
-    with ``device``, its accuracy on the sweep's device and the same ``device/`` export as a device run (the
-    run's ``device.*`` tags say which device). Not logged: what the tool did not do (calibration,
-    quantization, layer errors, config_hash)."""
+@dataclass(frozen=True)
+class Published:
+    """A published quantized model (``name``: its publisher, e.g. ``mlperf``) evaluated like the backend's
+    models: on the test set, on the microcontroller path (``mcu``) and on the run's device (``device``)."""
+
+    name: str
+    quantized: QuantizedModel
+    result: QuantizedResult
+    mcu: McuResult | None = None
+    device: OnDevice | None = None
+
+
+def log_published(context: RunContext, evaluated: Published, model: ModelRecord) -> None:
+    """Log a published quantized model as a run of its own (tags ``reference=<name>``, quantized=true); Δ
+    against the backend's FP32; with a device, its accuracy on the sweep's device and the same ``device/``
+    export as a device run (the run's ``device.*`` tags say which device). Not logged: what the tool did not
+    do (calibration, quantization, layer errors, config_hash)."""
+    name, published, result, mcu, device = (
+        evaluated.name, evaluated.quantized, evaluated.result, evaluated.mcu, evaluated.device
+    )  # fmt: skip
     run_name = f"{name}-{published.activation_dtype}-published"
     run_params, run_tags = unquantized(context.params, context.tags)
     run_tags |= {"quantized": "true", REFERENCE_TAG: name}

@@ -26,13 +26,11 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
 from resnet8ptq.algorithms.base import Algorithm, Context, Prepared, registered
 from resnet8ptq.device.config import Crossbar, learned_settings
-from resnet8ptq.spec import QuantSpec
 
 
 @cache
@@ -157,40 +155,36 @@ if not OmegaConf.has_resolver(CHOICE_RESOLVER):
 
 
 def prepare(
-    algo: AlgoConfig,
-    onnx_path: Path,
-    calibration_images: np.ndarray,
-    spec: QuantSpec,
-    workdir: Path,
-    seed: int = 0,
-    cache_dir: Path | None = None,
-    crossbar: Crossbar | None = None,
+    algo: AlgoConfig, onnx_path: Path, context: Context, workdir: Path, cache_dir: Path | None = None
 ) -> Prepared:
-    """Apply ``algo``'s steps, in order, to the model at ``onnx_path``, saved as
-    ``workdir/model_fp32_algo.onnx``; the model itself when there are none. With ``cache_dir`` (and
-    ``algo.reuse``), an earlier run's output for the same inputs is taken from there instead, with the
-    seconds it took then and the tag ``algo.reused=true``; a new output is stored there. A job that needs
-    the output another process is computing waits for it (a file lock per key). ``crossbar``: the device
-    ``algo.device_aware`` learns against (its settings that the learning sees are part of the key)."""
+    """Apply ``algo``'s steps, in order, to the model at ``onnx_path`` with ``context`` (the calibration
+    images, the quantization, the seed and the run's crossbar), saved as ``workdir/model_fp32_algo.onnx``;
+    the model itself when there are none. With ``cache_dir`` (and ``algo.reuse``), an earlier run's output
+    for the same inputs is taken from there instead, with the seconds it took then and the tag
+    ``algo.reused=true``; a new output is stored there. A job that needs the output another process is
+    computing waits for it (a file lock per key). ``context.crossbar``: the device ``algo.device_aware``
+    learns against (its settings that the learning sees are part of the key); the steps get a new context
+    with what the learning sees of it, and fill that one's ranges and ADC steps."""
     if not algo.steps:
         return Prepared(onnx_path)
     from resnet8ptq.algorithms import _cache
 
+    crossbar = context.crossbar
     learned_on = crossbar.learned(algo.device_noise) if algo.device_aware and crossbar else None
-    inputs = (algo, onnx_path, calibration_images, spec, workdir, seed, learned_on)
+    steps_context = Context(context.images, context.spec, context.seed, learned_on)
     if cache_dir is None:
-        return _apply(*inputs)
+        return _apply(algo, onnx_path, steps_context, workdir)
     if not algo.reuse:
-        prepared = _apply(*inputs)
+        prepared = _apply(algo, onnx_path, steps_context, workdir)
         return dataclasses.replace(prepared, tags=prepared.tags | {REUSED_TAG: "false"})
     steps = {name: algo.parameters(name) for name in algo.steps}
     device = learning_settings(learned_on, algo.device_noise) if learned_on is not None else None
-    entry_key = _cache.key(onnx_path, calibration_images, spec, steps, seed, device)
+    entry_key = _cache.key(onnx_path, context.images, context.spec, steps, context.seed, device)
     with _cache.computing(cache_dir, entry_key):  # a parallel job with the same key waits, then reuses
         found = _cache.load(cache_dir, entry_key, workdir)
         if found is not None:
             return dataclasses.replace(found, tags=found.tags | {REUSED_TAG: "true"})
-        prepared = _apply(*inputs)
+        prepared = _apply(algo, onnx_path, steps_context, workdir)
         _cache.store(cache_dir, entry_key, prepared)
     return dataclasses.replace(prepared, tags=prepared.tags | {REUSED_TAG: "false"})
 
@@ -205,23 +199,15 @@ def learning_settings(crossbar: Crossbar, noisy: bool) -> dict[str, object]:
     return {name: getattr(crossbar, name) for name in learned_settings(noisy)}
 
 
-def _apply(
-    algo: AlgoConfig,
-    onnx_path: Path,
-    images: np.ndarray,
-    spec: QuantSpec,
-    workdir: Path,
-    seed: int,
-    crossbar: Crossbar | None,
-) -> Prepared:
-    """The steps run, in order, on a copy of the model at ``onnx_path`` (against ``crossbar``, if any)."""
+def _apply(algo: AlgoConfig, onnx_path: Path, context: Context, workdir: Path) -> Prepared:
+    """The steps run, in order, on a copy of the model at ``onnx_path`` (against ``context.crossbar``, if
+    any)."""
     import onnx
 
     from resnet8ptq.model import save_onnx
 
     start = time.perf_counter()
     model = onnx.load(onnx_path)
-    context = Context(images, spec, seed, crossbar)
     tags = {}
     for name in algo.steps:
         algorithm = algorithms()[name](algo.parameters(name))

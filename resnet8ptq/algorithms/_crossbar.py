@@ -18,7 +18,7 @@ Per layer, on the integers the device sees:
   sum; in float32 here, so a sum past 2^16 may round its last fraction bit differently), times s_x · s_w,
   plus the bias: the layer's output in float.
 
-Each block's ADCs start from the ``mse`` rule (:func:`resnet8ptq.device.adc.calibrated_steps`) on the
+Each block's ADCs start from the ``mse`` rule (:func:`resnet8ptq.device.adc_ranges.calibrated_steps`) on the
 partial sums of the block's input (the blocks before it already on their learned crossbar), read exactly, as
 the device calibrates on its ideal crossbar.
 
@@ -46,13 +46,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from resnet8ptq.device.adc import (
-    STEP_FRACTION_BITS,
-    Geometry,
-    LayerSteps,
-    PartialSumProfile,
-    calibrated_steps,
-)
+from resnet8ptq.device.adc import STEP_FRACTION_BITS, Geometry, LayerSteps, PartialSumProfile
+from resnet8ptq.device.adc_ranges import AdcRule, calibrated_steps
 from resnet8ptq.device.cim import drift_compensation, tile_sizes
 from resnet8ptq.device.effects import Site, configured
 
@@ -281,9 +276,6 @@ def calibrate(layers: list[CrossbarLayer], run: Callable[[], object], crossbar: 
     run()
     for layer in layers:
         layer.profile = None
-    steps = calibrated_steps(
-        profile, crossbar.adc_bits, INITIAL_RULE, crossbar.adc_granularity, crossbar.adc_window,
-        crossbar.adc_step, crossbar.adc_percentile,
-    )  # fmt: skip
+    steps = calibrated_steps(profile, AdcRule.of(crossbar, INITIAL_RULE))
     for layer in layers:
         layer.start(steps[layer.name])

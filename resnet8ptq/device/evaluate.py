@@ -10,13 +10,15 @@ from dataclasses import astuple, dataclass, field
 import numpy as np
 from tqdm import tqdm
 
-from resnet8ptq.device.adc import LayerSteps, PartialSumProfile, calibrated_steps, fixed_steps
+from resnet8ptq.device.adc import LayerSteps, PartialSumProfile
+from resnet8ptq.device.adc_ranges import AdcRule, calibrated_steps, fixed_steps
 from resnet8ptq.device.cim import CrossbarArithmetic, worst_case_full_scale
 from resnet8ptq.device.config import CALIBRATED_RANGES, DeviceConfig
 from resnet8ptq.device.dac import InputProfile
 from resnet8ptq.device.dac import dac_ranges as calibrated_dac_ranges
 from resnet8ptq.device.executor import Arithmetic, Ideal, execute, predictions
 from resnet8ptq.device.graph import IntegerModel
+from resnet8ptq.evaluate import Evaluated
 from resnet8ptq.layer_errors import tensor_sqnr_db
 from resnet8ptq.spec import EvaluationImages
 from resnet8ptq.statistics import accuracy_interval
@@ -117,32 +119,29 @@ def adc_steps(
     dac: dict[str, tuple[int, int]] | None = None,
     learned: dict[str, LayerSteps] | None = None,
 ) -> dict[str, LayerSteps]:
-    """Each layer's ADC steps (:mod:`resnet8ptq.device.adc`): from the partial sums of the ideal crossbar (the
-    same tiles and slices, exact ADC, no noise) on the calibration images (``max``, ``percentile``, ``mse``),
-    from the tile's largest possible sum (``worst_case``) or one unit (``granular``). Empty for an ideal
-    ADC. ``profiles`` keeps the profile of each crossbar layout for the next device run of the same model and
-    calibration images (a sweep over ADC settings profiles once per layout). ``dac``: the layers' DAC ranges
-    (:func:`dac_ranges`), applied in calibration as on the device. ``learned``: the steps device-aware
-    learning found (``learned``: :func:`learned_steps`)."""
+    """Each layer's ADC steps (:mod:`resnet8ptq.device.adc_ranges`): from the partial sums of the ideal
+    crossbar (the same tiles and slices, exact ADC, no noise) on the calibration images (``max``,
+    ``percentile``, ``mse``), from the tile's largest possible sum (``worst_case``) or one unit
+    (``granular``). Empty for an ideal ADC. ``profiles`` keeps the profile of each crossbar layout for the
+    next device run of the same model and calibration images (a sweep over ADC settings profiles once per
+    layout). ``dac``: the layers' DAC ranges (:func:`dac_ranges`), applied in calibration as on the device.
+    ``learned``: the steps device-aware learning found (``learned``: :func:`learned_steps`)."""
     crossbar = device.crossbar()
     if crossbar.adc_bits is None:
         return {}
-    rule, bits = device.range_rule, crossbar.adc_bits
+    rule = device.range_rule
     if rule == "learned":
         return learned_steps(model, device, learned or {})
-    granularity, window, step = crossbar.adc_granularity, crossbar.adc_window, crossbar.adc_step
+    adc = AdcRule.of(crossbar, rule)
     if rule not in CALIBRATED_RANGES:
         layout = CrossbarArithmetic(crossbar.ideal(), dac_ranges=dac)
         return {
             layer.name: fixed_steps(
                 layout.geometry(layer),
-                granularity,
                 worst_case_full_scale(layer, crossbar, layout.input_window(layer))
                 if rule == "worst_case"
                 else None,
-                bits,
-                window,
-                step,
+                adc,
             )
             for layer in model.convs
         }
@@ -154,7 +153,7 @@ def adc_steps(
         profiles[layout] = PartialSumProfile()
         ideal = CrossbarArithmetic(crossbar.ideal(), profile=profiles[layout], dac_ranges=dac)
         execute(model, calibration_images, ideal, batch_size=device.images_per_step)
-    return calibrated_steps(profiles[layout], bits, rule, granularity, window, step, crossbar.adc_percentile)
+    return calibrated_steps(profiles[layout], adc)
 
 
 def learned_steps(
@@ -232,15 +231,16 @@ def evaluate_device(
     model: IntegerModel,
     device: DeviceConfig,
     data: EvaluationImages,
-    reference_predictions: np.ndarray,
-    name: str,
+    evaluated: Evaluated,
     adc_profiles: Profiles | None = None,
     learned: dict[str, LayerSteps] | None = None,
 ) -> DeviceResult:
-    """Run ``model`` on ``device`` over every test image, once per noise draw (seeds 0, 1, ...); the ADC
-    ranges from the calibration images' partial sums (``adc_profiles``: :func:`adc_steps`), or ``learned``
+    """Run ``model`` (the integer form of ``evaluated``, whose reference predictions it is compared with) on
+    ``device`` over every test image, once per noise draw (seeds 0, 1, ...); the ADC ranges from the
+    calibration images' partial sums (``adc_profiles``: :func:`adc_steps`), or ``learned``
     (``device.adc_range=learned``)."""
     start = time.perf_counter()
+    name, reference_predictions = evaluated.name, evaluated.reference.predictions
     images, labels, perf_subset = data.test_images, data.test_labels, data.perf_subset
     calibration_images = data.calibration_images
     dac = dac_ranges(model, device, calibration_images, adc_profiles)

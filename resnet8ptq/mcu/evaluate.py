@@ -18,6 +18,7 @@ import numpy as np
 
 from resnet8ptq.backends.tflite.flatbuffer import read
 from resnet8ptq.backends.tflite.litert_runner import dequantize, quantize
+from resnet8ptq.evaluate import Evaluated
 from resnet8ptq.hardware import usable_cores
 from resnet8ptq.mcu import tflm, vela
 from resnet8ptq.mcu.config import KIB, Board, McuConfig
@@ -140,18 +141,19 @@ class McuResult:
 
 
 def evaluate_mcu(
-    path: Path,
+    evaluated: Evaluated,
     settings: McuConfig,
     data: EvaluationImages,
-    reference_outputs: np.ndarray,
     cache_dir: Path,
     workers: int | None = None,
-    desc: str = "TFLite Micro",
 ) -> McuResult:
-    """Run the .tflite at ``path`` in TFLM on the test images (NHWC float32, quantized to its input type as
-    TFLite's QUANTIZE op does) and compare with ``reference_outputs`` (LiteRT's reference kernels, dequantized
-    the same way); measure its arena and flash, check the boards, ask Vela for its NPU estimate."""
+    """Run the .tflite model of ``evaluated`` in TFLM on the test images (NHWC float32, quantized to its input
+    type as TFLite's QUANTIZE op does) and compare with its reference outputs (LiteRT's reference kernels,
+    dequantized the same way); measure its arena and flash, check the boards, ask Vela for its NPU
+    estimate."""
     start = time.perf_counter()
+    path, reference_outputs = evaluated.path, evaluated.reference.probabilities
+    desc = f"{evaluated.name}: TFLite Micro"
     images, labels, perf_subset = data.test_images, data.test_labels, data.perf_subset
     model = Path(path).read_bytes()
     source, sink = tflm.io(model)

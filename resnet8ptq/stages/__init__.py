@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
-    from resnet8ptq.evaluate import Evaluation
     from resnet8ptq.inputs import RunInputs
     from resnet8ptq.resolve import Plan
     from resnet8ptq.shared import Shared
@@ -38,17 +37,6 @@ class StageResult:
     metrics: Mapping[str, float] = field(default_factory=dict)
     tags: Mapping[str, str] = field(default_factory=dict)
     files: tuple[tuple[str, Path], ...] = ()
-
-
-@dataclass(frozen=True)
-class Evaluated:
-    """A quantized model evaluated on the test set, as the device and microcontroller stages take it (the
-    run's own model, or a published one): its name in progress and logs, its file, its reference
-    evaluation."""
-
-    name: str
-    path: Path
-    reference: Evaluation
 
 
 @dataclass

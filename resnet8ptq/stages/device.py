@@ -8,9 +8,10 @@ import logging
 from resnet8ptq import records
 from resnet8ptq.backends.base import Backend
 from resnet8ptq.device.config import DeviceConfig
+from resnet8ptq.evaluate import Evaluated
 from resnet8ptq.inputs import RunInputs
 from resnet8ptq.resolve import Plan
-from resnet8ptq.stages import Evaluated, RunRecord, Stage
+from resnet8ptq.stages import RunRecord, Stage
 
 log = logging.getLogger(__name__)
 
@@ -52,8 +53,7 @@ def on_device(
     from resnet8ptq.device.evaluate import evaluate_device  # torch: only for device runs
 
     integer = backend.integer_model(model.path)
-    predictions = model.reference.predictions
-    result = evaluate_device(integer, device, inputs, predictions, model.name, adc_profiles, learned)
+    result = evaluate_device(integer, device, inputs, model, adc_profiles, learned)
     log.info(
         "%s: accuracy on device %s %.4f (%d predictions differ from the reference)",
         model.name, device.label, result.accuracy, result.differing_from_reference,

@@ -11,10 +11,11 @@ from omegaconf import DictConfig
 
 from resnet8ptq import records
 from resnet8ptq.backends.base import Backend
+from resnet8ptq.evaluate import Evaluated
 from resnet8ptq.inputs import RunInputs
 from resnet8ptq.mcu.config import McuConfig
 from resnet8ptq.resolve import Plan, threads_per_run
-from resnet8ptq.stages import Evaluated, RunRecord, Stage
+from resnet8ptq.stages import RunRecord, Stage
 
 if TYPE_CHECKING:  # TFLM and Vela load only for TFLite models
     from resnet8ptq.mcu.evaluate import McuResult
@@ -50,10 +51,7 @@ def on_mcu(
         return None
     from resnet8ptq.mcu.evaluate import evaluate_mcu  # TFLM and Vela: only for TFLite models
 
-    result = evaluate_mcu(
-        model.path, mcu, inputs, model.reference.probabilities, Path(cfg.cache_dir), threads_per_run(cfg),
-        f"{model.name}: TFLite Micro",
-    )  # fmt: skip
+    result = evaluate_mcu(model, mcu, inputs, Path(cfg.cache_dir), threads_per_run(cfg))
     log.info(
         "%s: TFLite Micro accuracy %.4f; %s; arena %d bytes, flash %d bytes; fits %s",
         model.name,

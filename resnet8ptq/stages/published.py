@@ -12,12 +12,13 @@ from omegaconf import DictConfig
 from resnet8ptq import records
 from resnet8ptq.backends.base import Backend
 from resnet8ptq.device.config import DeviceConfig
+from resnet8ptq.evaluate import Evaluated
 from resnet8ptq.evaluation_cache import EvaluationCache
 from resnet8ptq.execution import evaluate_quantized
 from resnet8ptq.inputs import RunInputs
 from resnet8ptq.mcu.config import McuConfig
 from resnet8ptq.records import RunContext, model_record
-from resnet8ptq.stages import Evaluated, RunRecord, Stage
+from resnet8ptq.stages import RunRecord, Stage
 from resnet8ptq.stages.device import on_device
 from resnet8ptq.stages.mcu import on_mcu
 from resnet8ptq.tracking.runs import first_in_sweep
@@ -61,6 +62,9 @@ def log_published_once(
             on_mcu_result = on_mcu(
                 cfg, mcu, backend, Evaluated(name, published.path, result.reference), inputs
             )
-            evaluated = Evaluated(f"{name} (published)", published.path, result.reference)
-            device_result = on_device(device, backend, evaluated, inputs)
-            records.log_published(context, name, published, result, model, on_mcu_result, device_result)
+            device_result = on_device(
+                device, backend, Evaluated(f"{name} (published)", published.path, result.reference), inputs
+            )
+            records.log_published(
+                context, records.Published(name, published, result, on_mcu_result, device_result), model
+            )

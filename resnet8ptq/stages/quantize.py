@@ -6,14 +6,13 @@ of them, then reuse it (:attr:`resnet8ptq.shared.Shared.quantized`)."""
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from pathlib import Path
 
 import onnx
 
 from resnet8ptq import records
-from resnet8ptq.algorithms import prepare
-from resnet8ptq.artifacts import Artifact, evaluation_files
+from resnet8ptq.algorithms import Context, prepare
+from resnet8ptq.artifacts import evaluation_files
 from resnet8ptq.backends.base import QuantizedModel
 from resnet8ptq.cost import configured_cost
 from resnet8ptq.evaluation_cache import EvaluationCache
@@ -21,7 +20,7 @@ from resnet8ptq.execution import evaluate_quantized
 from resnet8ptq.inputs import RunInputs
 from resnet8ptq.layers import check_first_last, check_own_widths, expected_raised, raised_in, sharing
 from resnet8ptq.model import CanonicalModel
-from resnet8ptq.records import Quantization, model_record
+from resnet8ptq.records import Quantization, Quantized, model_record
 from resnet8ptq.resolve import Plan
 from resnet8ptq.spec import QuantSpec
 from resnet8ptq.stages import RunRecord, Stage
@@ -29,15 +28,6 @@ from resnet8ptq.stages.fp32 import source_path
 from resnet8ptq.tracking.runs import set_tags
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Quantized:
-    """The stage's result: the quantization (shared by the device runs that reuse it) and this run's
-    evaluation files (:func:`~resnet8ptq.artifacts.evaluation_files`, drawn while later stages run)."""
-
-    made: Quantization
-    evaluation: list[Artifact]
 
 
 class QuantizeStage(Stage):
@@ -70,9 +60,7 @@ class QuantizeStage(Stage):
         plan, fp32 = record.plan, record["fp32"]
         path = result.made.quantized.path
         model = model_record(plan.cfg, plan.backend, path, inputs.test_images, inputs.datasets.quantized)
-        records.log_quantized(
-            fp32.context, record.run_id, plan.name, plan.cfg, result.made, result.evaluation, model
-        )
+        records.log_quantized(fp32.context, record.run_id, plan.name, plan.cfg, result, model)
 
 
 STAGE = QuantizeStage()
@@ -85,16 +73,8 @@ def quantize_and_evaluate(
     first and last), and the evaluation of both forms on the full test set."""
     cfg, backend, spec = plan.cfg, plan.backend, plan.spec
     calibration = inputs.calibration_images
-    prepared = prepare(
-        plan.algo,
-        canonical.onnx_path,
-        calibration,
-        spec,
-        output_dir / "algo",
-        cfg.data.seed,
-        Path(cfg.cache_dir),
-        plan.device.crossbar(),
-    )
+    context = Context(calibration, spec, cfg.data.seed, plan.device.crossbar())
+    prepared = prepare(plan.algo, canonical.onnx_path, context, output_dir / "algo", Path(cfg.cache_dir))
     source = source_path(backend, canonical, prepared.onnx_path)
     quantized = backend.quantize(source, calibration, prepared.learned(spec), output_dir / "model")
     graph = onnx.load(prepared.onnx_path)

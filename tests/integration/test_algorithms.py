@@ -13,7 +13,7 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
-from resnet8ptq.algorithms import AlgoConfig, Prepared, prepare
+from resnet8ptq.algorithms import AlgoConfig, Context, Prepared, prepare
 from resnet8ptq.algorithms.cle import equalizable_pairs
 from resnet8ptq.backends.onnx.backend import predictor, session
 from resnet8ptq.backends.torch.backend import TorchBackend
@@ -37,8 +37,7 @@ def prepared(canonical_model: CanonicalModel, data, tmp_path_factory) -> dict[st
         name: prepare(
             AlgoConfig(steps),
             canonical_model.onnx_path,
-            calibration,
-            W4_PER_TENSOR,
+            Context(calibration, W4_PER_TENSOR),
             tmp_path_factory.mktemp(name),
         )
         for name, steps in ALGOS.items()
@@ -134,7 +133,7 @@ import sys
 import os
 from pathlib import Path
 import numpy as np, torch
-from resnet8ptq.algorithms import AlgoConfig, prepare
+from resnet8ptq.algorithms import AlgoConfig, Context, prepare
 from resnet8ptq.calibration import CalibConfig
 from resnet8ptq.dtype import DtypeConfig
 from resnet8ptq.spec import QuantSpec
@@ -142,7 +141,8 @@ torch.set_num_threads(int(sys.argv[4]))
 name, dtype = sys.argv[5], DtypeConfig(**json.loads(sys.argv[6]))
 spec = QuantSpec(dtype, CalibConfig("mse", num_bins=2048), per_channel=True)
 algo = AlgoConfig([name], **{f"{name}_iterations": int(sys.argv[7])})
-prepared = prepare(algo, Path(sys.argv[1]), np.load(sys.argv[2]), spec, Path(sys.argv[3]), seed=42)
+context = Context(np.load(sys.argv[2]), spec, seed=42)
+prepared = prepare(algo, Path(sys.argv[1]), context, Path(sys.argv[3]))
 (Path(sys.argv[3]) / "ranges.json").write_text(json.dumps(prepared.ranges))
 """
 # adaround: 100 iterations per layer at W4 (the same code path as 1000); qdrop: 20 per block at W4A4 with the
@@ -173,7 +173,7 @@ def test_a_learned_algorithm_learns_the_same_model_twice(
     spec = QuantSpec(DtypeConfig(**dtype), CalibConfig("mse", num_bins=2048), per_channel=True)
     np.save(tmp_path / "calibration.npy", data[0])
     algo = AlgoConfig([name], **{f"{name}_iterations": iterations})
-    here = prepare(algo, canonical_model.onnx_path, data[0], spec, tmp_path / "here", seed=42)
+    here = prepare(algo, canonical_model.onnx_path, Context(data[0], spec, seed=42), tmp_path / "here")
     threads = 1 if torch.get_num_threads() > 1 else 2
     args = [str(canonical_model.onnx_path), str(tmp_path / "calibration.npy"), str(tmp_path / "there")]
     subprocess.run(

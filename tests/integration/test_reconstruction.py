@@ -12,7 +12,7 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
-from resnet8ptq.algorithms import AlgoConfig, Prepared, prepare
+from resnet8ptq.algorithms import AlgoConfig, Context, Prepared, prepare
 from resnet8ptq.algorithms._reconstruction import find_blocks
 from resnet8ptq.backends.onnx.widths import activation_qranges
 from resnet8ptq.backends.torch.backend import TorchBackend
@@ -41,10 +41,8 @@ def learned(canonical_model: CanonicalModel, data, tmp_path_factory) -> dict[str
         name: prepare(
             AlgoConfig([name], **{f"{name}_iterations": ITERATIONS}),
             canonical_model.onnx_path,
-            data[0],
-            W4A4,
+            Context(data[0], W4A4, seed=42),
             tmp_path_factory.mktemp(name),
-            seed=42,
         )
         for name in ("brecq", "qdrop")
     }

@@ -12,7 +12,7 @@ import onnx
 import pytest
 
 import resnet8ptq.algorithms as algorithms
-from resnet8ptq.algorithms import AlgoConfig, Prepared, _cache, learning_settings, prepare
+from resnet8ptq.algorithms import AlgoConfig, Context, Prepared, _cache, learning_settings, prepare
 from resnet8ptq.calibration import CalibConfig
 from resnet8ptq.device.adc import Geometry, LayerSteps
 from resnet8ptq.device.config import Crossbar
@@ -21,6 +21,7 @@ from resnet8ptq.spec import QuantSpec
 
 SPEC = QuantSpec(DtypeConfig("int8", "int8"), CalibConfig("minmax"))
 IMAGES = np.zeros((2, 1, 2, 2), np.float32)
+CONTEXT = Context(IMAGES, SPEC)  # prepare() gives the steps a context of their own
 
 
 @pytest.fixture
@@ -51,9 +52,9 @@ def applied(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
     calls: list[Path] = []
     real = algorithms._apply
 
-    def counting(algo, onnx_path, images, spec, workdir, seed, crossbar) -> Prepared:
+    def counting(algo, onnx_path, context, workdir) -> Prepared:
         calls.append(workdir)
-        done = real(algo, onnx_path, images, spec, workdir, seed, crossbar)
+        done = real(algo, onnx_path, context, workdir)
         return Prepared(done.onnx_path, 1.25, done.tags, {"y": (-0.5, 1.0 / 3)}, {"conv": LEARNED_ADC})
 
     monkeypatch.setattr(algorithms, "_apply", counting)
@@ -62,8 +63,10 @@ def applied(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
 
 def test_the_second_run_takes_the_first_ones_output(tiny: Path, tmp_path: Path, applied: list) -> None:
     cache = tmp_path / "cache"
-    first = prepare(AlgoConfig(["cle"]), tiny, IMAGES, SPEC, tmp_path / "a", seed=3, cache_dir=cache)
-    second = prepare(AlgoConfig(["cle"]), tiny, IMAGES, SPEC, tmp_path / "b", seed=3, cache_dir=cache)
+    first = prepare(AlgoConfig(["cle"]), tiny, Context(IMAGES, SPEC, seed=3), tmp_path / "a", cache_dir=cache)
+    second = prepare(
+        AlgoConfig(["cle"]), tiny, Context(IMAGES, SPEC, seed=3), tmp_path / "b", cache_dir=cache
+    )
     assert len(applied) == 1
     assert first.tags == {"algo.cle_pairs": "none found", "algo.reused": "false"}
     assert second.tags == {"algo.cle_pairs": "none found", "algo.reused": "true"}
@@ -77,17 +80,17 @@ def test_the_second_run_takes_the_first_ones_output(tiny: Path, tmp_path: Path, 
 
 def test_reuse_false_runs_the_steps_again(tiny: Path, tmp_path: Path, applied: list) -> None:
     cache = tmp_path / "cache"
-    prepare(AlgoConfig(["cle"]), tiny, IMAGES, SPEC, tmp_path / "a", cache_dir=cache)
-    again = prepare(AlgoConfig(["cle"], reuse=False), tiny, IMAGES, SPEC, tmp_path / "b", cache_dir=cache)
+    prepare(AlgoConfig(["cle"]), tiny, CONTEXT, tmp_path / "a", cache_dir=cache)
+    again = prepare(AlgoConfig(["cle"], reuse=False), tiny, CONTEXT, tmp_path / "b", cache_dir=cache)
     assert len(applied) == 2 and again.tags["algo.reused"] == "false"
 
 
 def test_without_a_cache_nothing_is_stored_or_tagged(tiny: Path, tmp_path: Path, applied: list) -> None:
     for workdir in ("a", "b"):
-        done = prepare(AlgoConfig(["cle"]), tiny, IMAGES, SPEC, tmp_path / workdir)
+        done = prepare(AlgoConfig(["cle"]), tiny, CONTEXT, tmp_path / workdir)
         assert "algo.reused" not in done.tags
     assert len(applied) == 2
-    assert prepare(AlgoConfig([]), tiny, IMAGES, SPEC, tmp_path / "c", cache_dir=tmp_path).tags == {}
+    assert prepare(AlgoConfig([]), tiny, CONTEXT, tmp_path / "c", cache_dir=tmp_path).tags == {}
 
 
 def test_every_input_of_the_output_is_in_the_key(tiny: Path, tmp_path: Path) -> None:
@@ -154,23 +157,23 @@ def test_a_half_written_entry_is_not_read(tiny: Path, tmp_path: Path, applied: l
     (cache / "algo" / f"{entry_key}.123.tmp").mkdir(parents=True)
     (cache / "algo" / entry_key).mkdir()
     (cache / "algo" / entry_key / "model_fp32_algo.onnx").write_bytes(b"truncated")
-    done = prepare(AlgoConfig(["cle"]), tiny, IMAGES, SPEC, tmp_path / "a", cache_dir=cache)
+    done = prepare(AlgoConfig(["cle"]), tiny, CONTEXT, tmp_path / "a", cache_dir=cache)
     assert len(applied) == 1 and done.tags["algo.reused"] == "false"
     assert onnx.load(done.onnx_path).graph.node  # the model computed now, not the truncated file
-    again = prepare(AlgoConfig(["cle"]), tiny, IMAGES, SPEC, tmp_path / "b", cache_dir=cache)
+    again = prepare(AlgoConfig(["cle"]), tiny, CONTEXT, tmp_path / "b", cache_dir=cache)
     assert len(applied) == 1 and again.tags["algo.reused"] == "true"
 
 
 def test_an_unwritable_cache_only_costs_a_rerun(tiny: Path, tmp_path: Path, applied: list) -> None:
     blocked = tmp_path / "file"
     blocked.write_text("not a directory")
-    done = prepare(AlgoConfig(["cle"]), tiny, IMAGES, SPEC, tmp_path / "a", cache_dir=blocked)
+    done = prepare(AlgoConfig(["cle"]), tiny, CONTEXT, tmp_path / "a", cache_dir=blocked)
     assert done.tags["algo.reused"] == "false" and done.onnx_path.exists()
 
 
 def test_the_record_is_readable_json(tiny: Path, tmp_path: Path, applied: list) -> None:
     cache = tmp_path / "cache"
-    prepare(AlgoConfig(["cle"]), tiny, IMAGES, SPEC, tmp_path / "a", cache_dir=cache)
+    prepare(AlgoConfig(["cle"]), tiny, CONTEXT, tmp_path / "a", cache_dir=cache)
     (entry,) = (path for path in (cache / "algo").iterdir() if path.is_dir())
     record = json.loads((entry / "prepared.json").read_text())
     assert record == {
@@ -196,7 +199,7 @@ def test_parallel_jobs_with_the_same_inputs_compute_once(
     real = algorithms._apply
 
     def slow(*inputs) -> Prepared:
-        calls.append(inputs[4])  # the workdir
+        calls.append(inputs[3])  # the workdir
         started.set()
         time.sleep(0.5)
         return real(*inputs)
@@ -206,7 +209,7 @@ def test_parallel_jobs_with_the_same_inputs_compute_once(
     def job(name: str) -> Prepared:
         if name == "b":
             started.wait(10)  # the first job is computing
-        return prepare(AlgoConfig(["cle"]), tiny, IMAGES, SPEC, tmp_path / name, cache_dir=tmp_path / "cache")
+        return prepare(AlgoConfig(["cle"]), tiny, CONTEXT, tmp_path / name, cache_dir=tmp_path / "cache")
 
     with ThreadPoolExecutor(2) as pool:
         first, second = pool.map(job, ["a", "b"])
@@ -220,12 +223,14 @@ def test_the_learning_sees_only_what_it_learns_from(
     """Device-aware learning gets the crossbar's partial sums and ADCs; on noisy chips its cells' effects
     too; never a read's effects or the evaluation's ADC rule; a learning that is not device-aware, nothing."""
     seen: list[Crossbar | None] = []
-    monkeypatch.setattr(algorithms, "_apply", lambda *inputs: seen.append(inputs[-1]) or Prepared(tiny))
+    monkeypatch.setattr(
+        algorithms, "_apply", lambda *inputs: seen.append(inputs[2].crossbar) or Prepared(tiny)
+    )
     chip = Crossbar(rows=128, adc_bits=4, adc_range="max", weight_noise=0.02, read_noise=0.01)
     for algo in (
         AlgoConfig(["brecq"], device_aware=True),
         AlgoConfig(["brecq"], device_aware=True, device_noise=True),
         AlgoConfig(["brecq"]),
     ):
-        prepare(algo, tiny, IMAGES, SPEC, tmp_path, crossbar=chip)
+        prepare(algo, tiny, Context(IMAGES, SPEC, crossbar=chip), tmp_path)
     assert seen == [Crossbar(rows=128, adc_bits=4), Crossbar(rows=128, adc_bits=4, weight_noise=0.02), None]

@@ -118,7 +118,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 import resnet8ptq.config
-from resnet8ptq.algorithms import AlgoConfig, options, prepare
+from resnet8ptq.algorithms import AlgoConfig, Context, options, prepare
 from resnet8ptq.tracking.identity import config_hash
 
 with initialize_config_dir(config_dir=sys.argv[1], version_base="1.3"):
@@ -144,7 +144,8 @@ graph = onnx.helper.make_graph(
 )
 source = Path(sys.argv[2]) / "tiny.onnx"
 onnx.save(onnx.helper.make_model(graph), source)
-prepared = prepare(algo, source, np.zeros((1, 1, 2, 2), np.float32), None, Path(sys.argv[2]) / "algo")
+context = Context(np.zeros((1, 1, 2, 2), np.float32), None)
+prepared = prepare(algo, source, context, Path(sys.argv[2]) / "algo")
 params = {"algo.steps": "[]", "backend": "onnx"}
 print(json.dumps({
     "options": list(options()),
