@@ -7,6 +7,7 @@ import importlib.metadata
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -31,7 +32,7 @@ ONNX_OPSET = 17
 # onnxruntime 1.31 refuses models whose IR version is newer than it knows; onnx >= 1.23 writes newer ones.
 MAX_IR_VERSION = 10
 # Bump when the conversion recipe changes, so that old cache entries are not reused.
-RECIPE_VERSION = 2
+RECIPE_VERSION = 3  # 3: names independent of tf2onnx's counter (static_reshapes, numbered_dims)
 
 
 @dataclass(frozen=True)
@@ -174,29 +175,46 @@ def _pre_process(raw: Path, out: Path) -> None:
     static = raw.with_name("static.onnx")
     save_onnx(static_reshapes(onnx.load(raw)), static)
     quant_pre_process(static, out)
-    model = onnx.load(out)
-    save_onnx(model, out)
+    save_onnx(numbered_dims(onnx.load(out)), out)
+
+
+UNKNOWN_DIM = re.compile(r"unk__\d+")
+"""tf2onnx's name for a dimension it does not know (the batch), numbered by its process-wide counter."""
+
+
+def numbered_dims(model):
+    """Rename tf2onnx's unknown dimensions (``unk__148`` in one conversion, ``unk__149`` in another) to
+    ``unk_0``, ``unk_1``, ... in the order they first appear (inputs, outputs, value_info): the same names
+    on every conversion."""
+    graph = model.graph
+    names: dict[str, str] = {}
+    for info in [*graph.input, *graph.output, *graph.value_info]:
+        for dim in info.type.tensor_type.shape.dim:
+            if dim.HasField("dim_param") and UNKNOWN_DIM.fullmatch(dim.dim_param):
+                dim.dim_param = names.setdefault(dim.dim_param, f"unk_{len(names)}")
+    return model
 
 
 def static_reshapes(model):
-    """Give every Reshape whose target shape is computed at run time (tf2onnx's flatten: Shape -> Gather ->
-    Concat, which TensorFlow's graph optimiser folds on some runs and not on others) the constant shape
-    [-1, ...] that shape inference proves, and drop the nodes that computed it. The canonical model is then
-    the same graph on every conversion, and torch.export sees a static reshape."""
+    """Give every Reshape whose output shape inference proves static (but its batch) the constant target
+    [-1, ...] named ``<output>/static_shape``, and drop the nodes and constants that gave its target before:
+    tf2onnx's flatten is either Shape -> Gather -> Concat, computed at run time, or a constant that
+    TensorFlow's graph optimiser folded, named by tf2onnx's process-wide counter (``Reshape_shape__147`` in
+    one conversion, ``__148`` in another). The canonical model is then the same bytes on every conversion,
+    and torch.export sees a static reshape."""
     import numpy as np
     import onnx
     from onnx import numpy_helper
 
     inferred = onnx.shape_inference.infer_shapes(model, data_prop=True).graph
     shapes = {info.name: info.type.tensor_type.shape.dim for info in [*inferred.value_info, *inferred.output]}
-    constants = {init.name for init in model.graph.initializer}
     for node in model.graph.node:
         dims = shapes.get(node.output[0], [])
-        if node.op_type != "Reshape" or node.input[1] in constants or len(dims) < 2:
+        name = f"{node.output[0]}/static_shape"
+        if node.op_type != "Reshape" or node.input[1] == name or len(dims) < 2:
             continue
         if all(dim.HasField("dim_value") for dim in dims[1:]):
             target = np.array([-1, *(dim.dim_value for dim in dims[1:])], dtype=np.int64)
-            name = f"{node.output[0]}/static_shape"
             model.graph.initializer.append(numpy_helper.from_array(target, name))
             node.input[1] = name
     return _without_dead_nodes(model)

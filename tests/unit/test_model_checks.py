@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 
 from resnet8ptq import model as model_module
@@ -63,3 +64,51 @@ def test_computed_reshape_target_becomes_constant() -> None:
     x = np.arange(12, dtype=np.float32).reshape(3, 4, 1, 1)
     session = ort.InferenceSession(static.SerializeToString(), providers=["CPUExecutionProvider"])
     np.testing.assert_array_equal(session.run(None, {"x": x})[0], x.reshape(3, 4))
+
+
+def test_folded_reshape_target_gets_the_same_name_on_every_conversion() -> None:
+    """A flatten that TensorFlow folded into a constant named by tf2onnx's counter: two conversions that
+    count differently give the same model bytes, and applying it again changes nothing."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    def converted(counter: int) -> bytes:
+        shape = numpy_helper.from_array(np.array([-1, 4], np.int64), f"flatten/Reshape_shape__{counter}")
+        graph = helper.make_graph(
+            [helper.make_node("Reshape", ["x", shape.name], ["y"])],
+            "flatten",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4, 1, 1])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])],
+            [shape],
+        )
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+        return model_module.static_reshapes(model).SerializeToString(deterministic=True)
+
+    assert converted(147) == converted(148)
+    static = onnx.load_from_string(converted(147))
+    assert [(init.name, numpy_helper.to_array(init).tolist()) for init in static.graph.initializer] == [
+        ("y/static_shape", [-1, 4])
+    ]
+    again = model_module.static_reshapes(onnx.load_from_string(converted(147)))
+    assert again.SerializeToString(deterministic=True) == converted(147)
+
+
+def test_unknown_dims_are_numbered_the_same_on_every_conversion() -> None:
+    """tf2onnx names the unknown batch dimension by its counter; the canonical model numbers them itself."""
+    from onnx import TensorProto, helper
+
+    def converted(counter: int) -> bytes:
+        graph = helper.make_graph(
+            [helper.make_node("Relu", ["x"], ["y"])],
+            "relu",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [f"unk__{counter}", 4])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [f"unk__{counter}", "width"])],
+        )
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+        return model_module.numbered_dims(model).SerializeToString(deterministic=True)
+
+    assert converted(148) == converted(149)
+    output = onnx.load_from_string(converted(148)).graph.output[0]
+    assert [dim.dim_param for dim in output.type.tensor_type.shape.dim] == [
+        "unk_0",
+        "width",
+    ]  # own names kept
