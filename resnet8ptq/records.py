@@ -313,9 +313,7 @@ def log_published(context: RunContext, evaluated: Published, model: ModelRecord)
     against the backend's FP32; with a device, its accuracy on the sweep's device and the same ``device/``
     export as a device run (the run's ``device.*`` tags say which device). Not logged: what the tool did not
     do (calibration, quantization, layer errors, config_hash)."""
-    name, published, result, mcu, device = (
-        evaluated.name, evaluated.quantized, evaluated.result, evaluated.mcu, evaluated.device
-    )  # fmt: skip
+    name, published, result, device = evaluated.name, evaluated.quantized, evaluated.result, evaluated.device
     run_name = f"{name}-{published.activation_dtype}-published"
     run_params, run_tags = unquantized(context.params, context.tags)
     run_tags |= {"quantized": "true", REFERENCE_TAG: name}
@@ -334,8 +332,8 @@ def log_published(context: RunContext, evaluated: Published, model: ModelRecord)
         files = evaluation_files(result.reference, evaluation_dir, run_name, context.baseline.evaluation)
         model.log(run_id, run_name)  # while the charts are drawn
         log_artifacts(run_id, [*files, ("model", published.path)])
-        if mcu is not None:
-            log_mcu(run_id, mcu, evaluation_dir)
+        if evaluated.mcu is not None:
+            log_mcu(run_id, evaluated.mcu, evaluation_dir)
         if device is not None:
             here = replace(context, output_dir=evaluation_dir)
             log_device(here, run_id, device, result.reference.predictions)

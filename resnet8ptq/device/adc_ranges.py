@@ -15,7 +15,6 @@ The range rules (``device.adc_range``; the field's names beside them) give [low,
   (nothing ever saturates; the same for every column of a tile);
 * ``granular``: a step of one unit (the ADC reads small sums exactly; CrossSim's ``GRANULAR``), the window
   following from the bits.
-
 """
 
 from __future__ import annotations
@@ -48,14 +47,15 @@ FREE_STEPS_PER_OCTAVE = 32
 class AdcRule:
     """How a layer's ADCs are set: their resolution (``bits``), the range rule (``device.adc_range``), one
     range per ``granularity`` (layer, tile, column), the code ``window`` (symmetric, asymmetric), the ``step``
-    (pow2, free) and the ``percentile`` rule's q."""
+    (pow2, free) and the ``percentile`` rule's q. No defaults: the crossbar's are written once, in
+    :class:`~resnet8ptq.device.config.Crossbar` (:meth:`of`)."""
 
     bits: int
-    rule: str = "mse"
-    granularity: str = "column"
-    window: str = "asymmetric"
-    step: str = "pow2"
-    percentile: float = 99.99
+    rule: str
+    granularity: str
+    window: str
+    step: str
+    percentile: float
 
     @classmethod
     def of(cls, crossbar: Crossbar, rule: str) -> AdcRule:

@@ -8,14 +8,8 @@ import math
 from dataclasses import dataclass, field, fields
 
 KINDS = ("none", "integer", "cim")
-RANGES = (
-    "max",
-    "percentile",
-    "mse",
-    "worst_case",
-    "granular",
-    "learned",
-)  # ADC range rules (device/adc_ranges.py)
+# ADC range rules (device/adc_ranges.py)
+RANGES = ("max", "percentile", "mse", "worst_case", "granular", "learned")
 RANGE_ALIASES = {"calibrated": "max"}
 """Earlier names of a range rule: the same rule, so that earlier runs' settings stay readable."""
 CALIBRATED_RANGES = ("max", "percentile", "mse")

@@ -128,9 +128,9 @@ def test_mse_clips_the_tails_and_beats_max(step: str, window: str) -> None:
     values = skewed(2)
     low, high, counts = profile_of(values).grouped("layer", "layer")
     k = codes(4, window)
-    chosen, first = least_error(counts[0], low[0], high[0], AdcRule(4, "mse", "layer", window, step))
+    chosen, first = least_error(counts[0], low[0], high[0], AdcRule(4, "mse", "layer", window, step, 99.99))
     best = exact_error(values, chosen, first, first + k)
-    widest = calibrated_steps(profile_of(values), AdcRule(4, "max", "layer", window, step))["layer"]
+    widest = calibrated_steps(profile_of(values), AdcRule(4, "max", "layer", window, step, 99.99))["layer"]
     assert best < exact_error(values, widest.steps[0], widest.code_min[0], widest.code_max[0]) / 4
     factors = (0.5, 2.0) if step == "pow2" else (0.8, 0.9, 1.1, 1.25)
     for other in (chosen * f for f in factors):
@@ -144,7 +144,7 @@ def test_an_asymmetric_window_spends_its_codes_where_the_sums_are() -> None:
     values = np.round(np.random.default_rng(3).gamma(2.0, 1_500.0, 200_000) - 500)  # mostly positive
     errors = {}
     for window in ("symmetric", "asymmetric"):
-        adc = calibrated_steps(profile_of(values), AdcRule(4, "mse", "layer", window, "free"))["layer"]
+        adc = calibrated_steps(profile_of(values), AdcRule(4, "mse", "layer", window, "free", 99.99))["layer"]
         errors[window] = exact_error(values, adc.steps[0], adc.code_min[0], adc.code_max[0])
         assert adc.code_max[0] - adc.code_min[0] == codes(4, window)
     assert errors["asymmetric"] < errors["symmetric"] / 2
@@ -173,9 +173,9 @@ def test_granularity_groups_columns() -> None:
     assert list(profile.grouped("layer", "layer")[1]) == [600]
     assert list(profile.grouped("layer", "tile")[1]) == [3, 600]
     assert list(profile.grouped("layer", "column")[1]) == [1, 2, 3, 40, 50, 600]
-    steps = calibrated_steps(profile, AdcRule(4, "max", "tile", "symmetric", "pow2"))["layer"]
+    steps = calibrated_steps(profile, AdcRule(4, "max", "tile", "symmetric", "pow2", 99.99))["layer"]
     assert list(steps.per_column(steps.steps)) == [1, 1, 1, 128, 128, 128]  # 600 / 7 -> 2^7
-    columns = calibrated_steps(profile, AdcRule(4, "max", "column", "symmetric", "pow2"))["layer"]
+    columns = calibrated_steps(profile, AdcRule(4, "max", "column", "symmetric", "pow2", 99.99))["layer"]
     table = adc_table({"layer": columns})
     assert list(table.columns) == ["layer", "granularity", "group", "tile", "cell_slice", "column",
                                    "adc_step", "code_min", "code_max", "range_low", "range_high"]  # fmt: skip
