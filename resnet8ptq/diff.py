@@ -1,8 +1,10 @@
 """`python -m resnet8ptq.diff RUN_A RUN_B [--tracking-uri URI] [--tracking-uri-b URI]`: where two runs part,
 stage by stage in the order a run makes things (configuration, library versions, hardware, calibration
 sample, calibration ranges, model, integer form, predictions, device predictions), with the first difference
-named. The runs may sit in two tracking stores (a colleague's, another machine's). Exit 0: no difference,
-1: they differ, 2: a run or store is missing."""
+named, and a one-line verdict (e.g. "same model, different reference pass, on other hardware": the models
+are the same bytes and only the CPU's float kernels of the reference pass moved predictions). The runs may
+sit in two tracking stores (a colleague's, another machine's). Exit 0: no difference, 1: they differ, 2: a
+run or store is missing."""
 
 from __future__ import annotations
 
@@ -172,6 +174,33 @@ STAGES = (
 """What two runs are compared on, in the order a run makes it."""
 
 
+MADE_STAGES = ("calibration ranges", "model")
+"""The stages that say whether two runs made the same model."""
+CIRCUMSTANCES = {"hardware": "on other hardware", "library versions": "with other library versions"}
+"""The stages that say why the same configuration can make or run differently."""
+
+
+def verdict(found: Sequence[tuple[str, str | None]]) -> str:
+    """One line on what ``found`` (:func:`differences`) means: a different configuration or calibration
+    sample, a different model, or the same model whose integer form or predictions (reference pass, device)
+    differ; and where hardware or library versions differ, that too."""
+    differs = [name for name, difference in found if difference is not None]
+    circumstances = [CIRCUMSTANCES[name] for name in differs if name in CIRCUMSTANCES]
+    if "configuration" in differs or "calibration sample" in differs:
+        what = "different " + ("configuration" if "configuration" in differs else "calibration sample")
+    elif any(name in MADE_STAGES for name in differs):
+        what = "different model"
+    else:
+        outcomes = {
+            "integer form": "different integer form",
+            "predictions": "different reference pass",
+            "device predictions": "different device predictions",
+        }
+        parted = [outcome for name, outcome in outcomes.items() if name in differs]
+        what = "same model, " + (", ".join(parted) if parted else "same predictions")
+    return ", ".join([what, *circumstances])
+
+
 def differences(a: Side, b: Side) -> list[tuple[str, str | None]]:
     """Every stage with what differs in it (``None``: nothing)."""
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # no bars between the lines
@@ -206,6 +235,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"  {name:20s} {'same' if difference is None else 'DIFFERS: ' + difference}")
     first = next(((name, d) for name, d in found if d is not None), None)
     print(f"first difference: {first[0]}: {first[1]}" if first else "no difference")
+    print(f"verdict: {verdict(found)}")
     return EXIT_DIFFERENT if first else EXIT_SAME
 
 

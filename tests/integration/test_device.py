@@ -20,6 +20,8 @@ from resnet8ptq.backends.tflite.integer import integer_model
 from resnet8ptq.backends.tflite.litert_runner import quantize
 from resnet8ptq.data import Cifar10, to_model_input
 from resnet8ptq.device.executor import execute
+from resnet8ptq.hardware import Hardware
+from tests.integration import pinned
 from tests.integration.conftest import Sweeps
 from tests.integration.export_reader import rebuild
 
@@ -67,6 +69,13 @@ def test_every_toolchain_runs_on_the_integer_device(sweeps: Sweeps) -> None:
             # Half a point (50 images; measured 2 and 13), the difference of two counts of 10,000 rounded to 6
             # decimals as execution.judge rounds: exactly 50 images can compute as 0.0050000000000000044.
             assert round(abs(metrics["accuracy_device"] - metrics["accuracy"]), 6) <= 0.005
+
+
+def test_the_integer_device_is_the_pinned_one(sweeps: Sweeps) -> None:
+    """ONNX Runtime int8 per-channel: its ranges, model, integer form and the integer device's predictions
+    are the same as on the CPU kind they were pinned on (tests/integration/pinned.py)."""
+    tags = device_runs(sweeps)["onnx"].data.tags
+    pinned.check("onnx int8 per-channel", tags, Hardware.from_tags(tags))
 
 
 def artifact_dir(sweeps: Sweeps, run: Run, path: str, tmp_path: Path) -> Path:

@@ -25,7 +25,9 @@ from resnet8ptq.device.evaluate import adc_steps, arithmetic, dac_ranges
 from resnet8ptq.device.executor import execute
 from resnet8ptq.device.export import export, export_crossbar
 from resnet8ptq.dtype import DtypeConfig
+from resnet8ptq.hardware import Hardware
 from resnet8ptq.spec import QuantSpec
+from tests.integration import pinned
 from tests.integration.export_reader import crossbar_accumulate, predict, quantize_input, rebuild
 
 pytestmark = [pytest.mark.device, pytest.mark.slow]
@@ -127,6 +129,15 @@ def test_the_adc_ranges_are_logged_per_column(cim_runs: tuple[Path, list[Run]], 
     assert (table["range_low"] == table["code_min"] * table["adc_step"]).all()
     last = table[table["layer"] == table["layer"].iloc[-1]]
     assert list(last["column"]) == list(range(10)) and set(last["tile"]) == {0}  # the dense layer: 10 outputs
+
+
+def test_the_calibrated_crossbar_is_the_pinned_one(cim_runs: tuple[Path, list[Run]]) -> None:
+    """128 rows, a 4-bit ADC, the default range rule: the same model, integer form and device predictions as
+    on the CPU kind they were pinned on (tests/integration/pinned.py)."""
+    _, runs = cim_runs
+    tags = pick(runs, "mse").data.tags
+    assert tags["device.adc_range"] == DeviceConfig().adc_range  # the default rule
+    pinned.check("crossbar", tags, Hardware.from_tags(tags))
 
 
 @pytest.mark.parametrize(

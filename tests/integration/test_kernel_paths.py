@@ -16,7 +16,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from resnet8ptq.hardware import detect
 from resnet8ptq.model import MODEL_FILENAME, CanonicalModel
+from tests.integration import pinned
 
 pytestmark = pytest.mark.slow
 
@@ -85,3 +87,11 @@ def test_ranges_are_not_trivially_equal(made: dict[str, dict]) -> None:
     digests = {result["ranges"] for result in next(iter(made.values())).values()}
     assert len(digests) >= 3
     assert all(len(result["tensors"]) >= 10 for result in next(iter(made.values())).values())
+
+
+@pytest.mark.parametrize("configuration", ["onnx int8", "onnx uint8", "torch int8", "torch uint8"])
+def test_the_headline_models_are_the_pinned_ones(made: dict[str, dict], configuration: str) -> None:
+    """The same bytes as on the CPU kind they were pinned on (tests/integration/pinned.py)."""
+    result = made[next(iter(PATHS))][configuration]
+    found = {"digest.model": result["model"], "digest.calibration_ranges": result["ranges"]}
+    pinned.check(configuration, found, detect())

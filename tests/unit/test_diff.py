@@ -79,7 +79,8 @@ def test_a_nudged_range_is_the_first_difference(two_stores, capsys: pytest.Captu
         diff.main([run_a, run_b, "--tracking-uri", uri_a, "--tracking-uri-b", uri_b]) == diff.EXIT_DIFFERENT
     )
     out = capsys.readouterr().out
-    first = out.splitlines()[-1]
+    first, verdict = out.splitlines()[-2:]
+    assert verdict == "verdict: different model"
     assert first.startswith("first difference: calibration ranges")
     assert (
         "1 of 3 tensors' ranges differ; most: conv1 [-3.5, 6.25] vs [-3.5, 6.3] (0.0051 of its span)" in first
@@ -91,7 +92,35 @@ def test_a_nudged_range_is_the_first_difference(two_stores, capsys: pytest.Captu
 def test_two_stores_with_the_same_run_show_no_difference(two_stores, capsys: pytest.CaptureFixture) -> None:
     (uri_a, run_a), (uri_b, run_b), _ = two_stores
     assert diff.main([run_a, run_b, "--tracking-uri", uri_a, "--tracking-uri-b", uri_b]) == diff.EXIT_SAME
-    assert capsys.readouterr().out.splitlines()[-1] == "no difference"
+    assert capsys.readouterr().out.splitlines()[-2:] == [
+        "no difference",
+        "verdict: same model, same predictions",
+    ]
+
+
+def stages_differing(*names: str) -> list[tuple[str, str | None]]:
+    """Every stage, with a difference in ``names``."""
+    return [(stage.name, "differs" if stage.name in names else None) for stage in diff.STAGES]
+
+
+@pytest.mark.parametrize(
+    ("differing", "expected"),
+    [
+        (("hardware", "predictions"), "same model, different reference pass, on other hardware"),
+        (("hardware",), "same model, same predictions, on other hardware"),
+        (("hardware", "calibration ranges", "model", "predictions"), "different model, on other hardware"),
+        (("model", "integer form", "device predictions"), "different model"),
+        (
+            ("library versions", "device predictions"),
+            "same model, different device predictions, with other library versions",
+        ),
+        (("integer form", "predictions"), "same model, different integer form, different reference pass"),
+        (("configuration", "model"), "different configuration"),
+        (("calibration sample", "calibration ranges"), "different calibration sample"),
+    ],
+)
+def test_the_verdict_says_what_the_differences_mean(differing: tuple[str, ...], expected: str) -> None:
+    assert diff.verdict(stages_differing(*differing)) == expected
 
 
 def test_a_missing_run_or_store_is_named(two_stores, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
