@@ -348,6 +348,7 @@ def log_device(context: RunContext, run_id: str, device: OnDevice, reference_pre
     (:func:`resnet8ptq.device.export.export_crossbar`)."""
     import pandas as pd
 
+    from resnet8ptq.device.actions import table as action_table
     from resnet8ptq.device.adc import adc_table
     from resnet8ptq.device.dac import dac_table
     from resnet8ptq.device.export import export, export_crossbar
@@ -383,6 +384,10 @@ def log_device(context: RunContext, run_id: str, device: OnDevice, reference_pre
         table = pd.DataFrame({"layer": list(result.layer_sqnr), "sqnr_db": list(result.layer_sqnr.values())})
         table.to_csv(sqnr, index=False)
         files.append(sqnr)
+    if result.actions:
+        actions = out_dir / "actions.csv"
+        pd.DataFrame(action_table(result.actions)).to_csv(actions, index=False)
+        files.append(actions)
     files += export(model, device.test_images, out_dir)
     if result.device is not None and result.device.kind == "cim":
         files.append(export_crossbar(model, result.device, device.calibration, out_dir, result.dac_ranges))

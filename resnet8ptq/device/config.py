@@ -65,6 +65,8 @@ class Crossbar:
     Every default is the ideal device."""
 
     rows: int | None = None  # crossbar rows per tile (aihwkit: mapping.max_input_size); null: one tile
+    # an array's columns (aihwkit: mapping.max_output_size): the arrays a layer takes, not its readings
+    columns: int | None = None  # null: one array holds a row tile's every column
     adc_bits: int | None = None  # ADC resolution per partial sum (aihwkit: forward.out_res); null: ideal
     # the ADC range: max | percentile | mse | worst_case | granular (adc.py); learned (algo.device_aware)
     adc_range: str = "mse"
@@ -160,6 +162,11 @@ class DeviceConfig(Crossbar):
             )
         checks = [
             (self.rows is None or self.rows >= 1, f"device.rows={self.rows}: expected >= 1 rows, or null"),
+            (
+                self.columns is None or self.columns >= 2 * self.cells_per_weight,
+                f"device.columns={self.columns}: expected >= {2 * self.cells_per_weight} (a weight's "
+                f"differential pair of {self.cells_per_weight} cell(s) each), or null",
+            ),
             (
                 self.adc_bits is None or 2 <= self.adc_bits <= 24,
                 f"device.adc_bits={self.adc_bits}: expected 2..24 bits (a signed ADC), or null (ideal)",
@@ -265,6 +272,7 @@ class DeviceConfig(Crossbar):
             return "int"
         parts = ["cim"]
         parts += [f"r{self.rows}"] if self.rows is not None else []
+        parts += [f"col{self.columns}"] if self.columns is not None else []
         parts += [f"adc{self.adc_bits}"] if self.adc_bits is not None else []
         if self.adc_bits is not None:
             defaults = CROSSBAR_DEFAULTS

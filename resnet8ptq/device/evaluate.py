@@ -10,12 +10,13 @@ from dataclasses import astuple, dataclass, field
 import numpy as np
 from tqdm import tqdm
 
+from resnet8ptq.device.actions import LayerActions, device_actions, totals
 from resnet8ptq.device.adc import LayerSteps, PartialSumProfile
 from resnet8ptq.device.adc_ranges import AdcRule, calibrated_steps, fixed_steps
 from resnet8ptq.device.cim import CrossbarArithmetic, worst_case_full_scale
 from resnet8ptq.device.config import CALIBRATED_RANGES, DeviceConfig
-from resnet8ptq.device.dac import InputProfile
 from resnet8ptq.device.dac import dac_ranges as calibrated_dac_ranges
+from resnet8ptq.device.dac import profiled_inputs
 from resnet8ptq.device.executor import Arithmetic, Ideal, execute, predictions
 from resnet8ptq.device.graph import IntegerModel
 from resnet8ptq.evaluate import Evaluated
@@ -42,6 +43,7 @@ class DeviceResult:
     adc_steps: dict[str, LayerSteps] = field(default_factory=dict)  # per layer: the ADC steps
     dac_ranges: dict[str, tuple[int, int]] = field(default_factory=dict)  # per layer: a calibrated DAC range
     layer_sqnr: dict[str, float] = field(default_factory=dict)  # per layer: the device vs the ideal (dB)
+    actions: list[LayerActions] = field(default_factory=list)  # per layer: one inference's actions
     seconds: float = 0.0
     device: DeviceConfig | None = None  # the device evaluated
 
@@ -64,6 +66,7 @@ class DeviceResult:
             "device_differing_predictions": float(self.differing_from_reference),
             "device_seconds": self.seconds,
             **({"device_sqnr_min_db": min(self.layer_sqnr.values())} if self.layer_sqnr else {}),
+            **{f"device_{name}": float(count) for name, count in totals(self.actions).items()},
         }
 
     @property
@@ -103,12 +106,10 @@ def dac_ranges(
         raise ValueError(
             "device.dac_range=percentile sets the DAC ranges from calibration images; none given."
         )
-    profiles = {} if profiles is None else profiles
-    if ("inputs",) not in profiles:
-        profile = InputProfile()
-        execute(model, calibration_images, profile, batch_size=device.batch_size)
-        profiles[("inputs",)] = profile
-    return calibrated_dac_ranges(model, profiles[("inputs",)], device.dac_percentile)
+    profile = profiled_inputs(
+        model, calibration_images, {} if profiles is None else profiles, device.batch_size
+    )
+    return calibrated_dac_ranges(model, profile, device.dac_percentile)
 
 
 def adc_steps(
@@ -245,6 +246,7 @@ def evaluate_device(
     calibration_images = data.calibration_images
     dac = dac_ranges(model, device, calibration_images, adc_profiles)
     steps = adc_steps(model, device, calibration_images, adc_profiles, dac, learned)
+    actions = device_actions(model, device, calibration_images, adc_profiles, dac)
     runs, corrections = model, {}
     if device.bias_correction:  # DeviceConfig allows it with device=cim only
         from resnet8ptq.device.bias_correction import correct_biases
@@ -281,6 +283,7 @@ def evaluate_device(
         adc_steps=steps,
         dac_ranges=dac,
         layer_sqnr=sqnr,
+        actions=actions,
         seconds=time.perf_counter() - start,
         device=device,
     )

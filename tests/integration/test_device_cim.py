@@ -8,6 +8,7 @@ module, so that it runs in another xdist worker than the shared sweep."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -129,6 +130,35 @@ def test_the_adc_ranges_are_logged_per_column(cim_runs: tuple[Path, list[Run]], 
     assert (table["range_low"] == table["code_min"] * table["adc_step"]).all()
     last = table[table["layer"] == table["layer"].iloc[-1]]
     assert list(last["column"]) == list(range(10)) and set(last["tile"]) == {0}  # the dense layer: 10 outputs
+
+
+RESNET8 = [
+    *[(32 * 32, 16, terms) for terms in (3 * 9, 16 * 9, 16 * 9)],
+    *[(16 * 16, 32, terms) for terms in (16 * 9, 32 * 9, 16)],
+    *[(8 * 8, 64, terms) for terms in (32 * 9, 64 * 9, 32)],
+    (1, 10, 64),
+]
+"""ResNet8's conv/dense layers from its architecture (MLPerf Tiny): output positions, outputs, terms."""
+
+
+def test_the_actions_are_counted_from_the_layer_shapes(
+    cim_runs: tuple[Path, list[Run]], tmp_path: Path
+) -> None:
+    """128 rows, the whole input at once, one cell a weight: ResNet8's 12.5 M multiply-accumulates, one ADC
+    conversion per tile and output, each row driven once per output position; the table has every layer."""
+    workdir, runs = cim_runs
+    metrics = pick(runs, "mse").data.metrics
+    assert metrics["device_macs"] == sum(p * o * k for p, o, k in RESNET8) == 12_501_632
+    assert metrics["device_adc_conversions"] == sum(p * o * math.ceil(k / 128) for p, o, k in RESNET8)
+    assert metrics["device_row_activations"] == sum(p * k for p, _, k in RESNET8)
+    assert metrics["device_cells"] == sum(2 * o * k for _, o, k in RESNET8)
+    client = MlflowClient(f"sqlite:///{workdir / 'mlflow.db'}")
+    table = pd.read_csv(
+        client.download_artifacts(pick(runs, "mse").info.run_id, "device/actions.csv", str(tmp_path))
+    )
+    convs = table[table["kind"].isin(["conv", "dense"])]
+    assert len(convs) == len(RESNET8) and (convs["mean_input"].between(0, 1)).all()
+    assert (convs["mean_cell"].between(0, 0.5)).all()  # a pair's other cell is empty
 
 
 def test_the_calibrated_crossbar_is_the_pinned_one(cim_runs: tuple[Path, list[Run]]) -> None:

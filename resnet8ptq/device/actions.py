@@ -1,0 +1,218 @@
+"""What one inference does on the device, counted exactly per layer: the actions a chip's components perform
+(Accelergy's and CiMLoop's word: a component's energy is its energy per action times its action count), and
+the two statistics their energy models take. The counts follow the crossbar that
+:class:`~resnet8ptq.device.cim.CrossbarArithmetic` simulates, setting by setting, for one image:
+
+* a conv/dense layer has O outputs (crossbar columns), K = C_in·kh·kw terms (crossbar rows) and P output
+  positions (H'·W'; 1 for a dense layer); its K rows are split into T row tiles
+  (:func:`~resnet8ptq.device.cim.tile_sizes`), its inputs applied in S_x slices of ``dac_bits``
+  (:func:`~resnet8ptq.device.cim.slice_shifts` over the DAC's input window), its weights stored as a
+  differential pair of cells per weight slice, S_w = ``cells_per_weight`` slices;
+* **arrays**: T row tiles × G column groups, G = ceil(2·S_w·O / ``columns``) (the pair's two cells on two
+  columns; ``columns``, an array's bit lines, is a property of the chip, not of the simulation);
+* **row activations** and **DAC conversions**: every row of every array driven once per input slice and
+  output position, P·S_x·K·G (each array has its own row drivers);
+* **cell reads**: every cell on a driven row, P·S_x·K·2·S_w·O;
+* **ADC conversions**: one per partial sum (tile × input slice × weight slice × output: the pair is read as
+  one difference), P·O·T·S_x·S_w, exactly the readings the simulator converts;
+* **shift-adds**: each tile's S_x·S_w readings of a column combined, P·O·T·(S_x·S_w - 1);
+* **accumulator adds**: the bias preloads the register and each tile's column is added, P·O·T;
+* **requantizations**: one per output element of a conv/dense, residual add or pooling layer;
+* **residual adds** (an add layer's, or one fused into a conv) and **pooling adds** (a global average pool's
+  sums: its input elements less its outputs);
+* **MACs**: P·O·K, the multiply-accumulates the layer computes (on the integer device: its digital MACs).
+
+The statistics, per layer: ``mean_input``, the mean DAC level on a driven row as a fraction of its top level
+(each input slice's digit magnitude over 2^width - 1), from the layer's inputs on the images profiled
+(:class:`~resnet8ptq.device.dac.InputProfile`: exact counts per value); ``mean_cell``, the mean level of the
+layer's cells (both of each pair) as a fraction of 2^``bits_per_cell`` - 1.
+
+Not counted: reading the weights into the arrays (programming happens once, not per inference), moving
+activations between layers (buffers, interconnect) and any control logic.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from resnet8ptq.device.cim import dac_window, input_range, slice_shifts, tile_sizes, value_bits
+from resnet8ptq.device.config import Crossbar, DeviceConfig
+from resnet8ptq.device.dac import profiled_inputs
+from resnet8ptq.device.executor import execute
+from resnet8ptq.device.graph import Add, AveragePool, Conv, IntegerModel
+
+COUNTED = (
+    "macs", "row_activations", "dac_conversions", "cell_reads", "adc_conversions", "shift_adds",
+    "accumulator_adds", "requantizations", "residual_adds", "pooling_adds",
+)  # fmt: skip
+"""The actions of one inference, summed over the layers for the run's totals."""
+
+
+@dataclass(frozen=True)
+class LayerActions:
+    """One layer's actions per image and what its components' energy models take."""
+
+    layer: str
+    kind: str  # conv | dense | add | pool
+    output_elements: int
+    macs: int = 0
+    tiles: int = 0
+    column_groups: int = 0
+    arrays: int = 0
+    cells: int = 0
+    input_slices: int = 0
+    weight_slices: int = 0
+    row_activations: int = 0
+    dac_conversions: int = 0
+    cell_reads: int = 0
+    adc_conversions: int = 0
+    shift_adds: int = 0
+    accumulator_adds: int = 0
+    requantizations: int = 0
+    residual_adds: int = 0
+    pooling_adds: int = 0
+    mean_input: float = math.nan
+    mean_cell: float = math.nan
+
+
+def device_actions(
+    model: IntegerModel,
+    device: DeviceConfig,
+    calibration_images: np.ndarray,
+    profiles: dict[tuple, object] | None = None,
+    dac_ranges: dict[str, tuple[int, int]] | None = None,
+) -> list[LayerActions]:
+    """:func:`count_actions` of ``model`` on ``device`` (``integer``: digital MACs; ``cim``: its crossbar),
+    the inputs' statistics from the calibration images on the ideal integer device (kept in ``profiles``
+    for the next device run of the same model, as :func:`~resnet8ptq.device.evaluate.dac_ranges` keeps
+    them), the tensors' shapes from one image."""
+    crossbar = device.crossbar() if device.kind == "cim" else None
+    counts = None
+    if crossbar is not None and len(calibration_images):
+        profile = profiled_inputs(
+            model, calibration_images, {} if profiles is None else profiles, device.batch_size
+        )
+        counts = {name: count.numpy() for name, count in profile.counts.items()}
+    one = calibration_images[:1] if len(calibration_images) else np.zeros((1, 32, 32, 3), np.float32)
+    _, trace = execute(model, one, trace_images=1, batch_size=1)
+    shapes = {name: tuple(tensor.shape[1:]) for name, tensor in trace.outputs.items()}
+    columns = (crossbar.columns if crossbar else None) or math.inf
+    return count_actions(model, shapes, crossbar, columns, counts, dac_ranges)
+
+
+def count_actions(
+    model: IntegerModel,
+    shapes: dict[str, tuple[int, ...]],
+    crossbar: Crossbar | None,
+    columns: float,
+    input_counts: dict[str, np.ndarray] | None = None,
+    dac_ranges: dict[str, tuple[int, int]] | None = None,
+) -> list[LayerActions]:
+    """Every layer's actions for one image. ``shapes``: each tensor's shape for one image (the layer outputs'
+    and the model input's); ``crossbar``: None for the integer device (digital MACs only); ``columns``: an
+    array's columns (``math.inf``: one array holds a row tile's every column); ``input_counts``: per
+    conv/dense layer, its inputs' counts per value of :func:`~resnet8ptq.device.cim.input_range` (for
+    ``mean_input``); ``dac_ranges``: a calibrated DAC's."""
+    counted: list[LayerActions] = []
+    for layer in model.layers:
+        out = int(np.prod(shapes[layer.output]))
+        if isinstance(layer, Conv):
+            counted.append(_conv(layer, out, crossbar, columns, input_counts, dac_ranges))
+        elif isinstance(layer, Add):
+            counted.append(LayerActions(layer.name, "add", out, residual_adds=out, requantizations=out))
+        elif isinstance(layer, AveragePool):
+            adds = int(np.prod(shapes[layer.input])) - out
+            counted.append(LayerActions(layer.name, "pool", out, pooling_adds=adds, requantizations=out))
+    return counted
+
+
+def _conv(
+    layer: Conv,
+    out: int,
+    crossbar: Crossbar | None,
+    columns: float,
+    input_counts: dict[str, np.ndarray] | None,
+    dac_ranges: dict[str, tuple[int, int]] | None,
+) -> LayerActions:
+    outputs, terms = len(layer.weight), layer.terms
+    positions = out // outputs
+    digital = {
+        "layer": layer.name,
+        "kind": "dense" if layer.dense else "conv",
+        "output_elements": out,
+        "macs": positions * outputs * terms,
+        "requantizations": out,
+        "residual_adds": out if layer.residual is not None else 0,
+    }
+    if crossbar is None:
+        return LayerActions(**digital)
+    window = dac_window(layer, dac_ranges)
+    in_bits, _ = value_bits(*window)
+    x_slices = len(slice_shifts(crossbar.dac_bits, in_bits))
+    w_slices = crossbar.cells_per_weight
+    tiles = len(tile_sizes(terms, crossbar.rows))
+    groups = max(1, math.ceil(2 * w_slices * outputs / columns))  # columns=inf: one group
+    counts = (input_counts or {}).get(layer.name)
+    return LayerActions(
+        **digital,
+        tiles=tiles,
+        column_groups=groups,
+        arrays=tiles * groups,
+        cells=2 * w_slices * outputs * terms,
+        input_slices=x_slices,
+        weight_slices=w_slices,
+        row_activations=positions * x_slices * terms * groups,
+        dac_conversions=positions * x_slices * terms * groups,
+        cell_reads=positions * x_slices * terms * 2 * w_slices * outputs,
+        adc_conversions=positions * outputs * tiles * x_slices * w_slices,
+        shift_adds=positions * outputs * tiles * (x_slices * w_slices - 1),
+        accumulator_adds=positions * outputs * tiles,
+        mean_input=math.nan if counts is None else mean_input(layer, counts, window, crossbar.dac_bits),
+        mean_cell=mean_cell(layer, crossbar),
+    )
+
+
+def mean_input(layer: Conv, counts: np.ndarray, window: tuple[int, int], dac_bits: int) -> float:
+    """The mean DAC level on a driven row, a fraction of its top level: every input value (``counts`` per
+    value of the layer's input range) clipped to the DAC's ``window`` and cut into ``dac_bits`` slices as the
+    crossbar cuts it (two's complement when signed), each slice's |digit| over 2^width - 1, averaged over
+    the slices and weighted by the counts."""
+    low, high = input_range(layer)
+    values = np.clip(np.arange(low, high + 1), *window)
+    bits, signed = value_bits(*window)
+    encoded = np.where(values < 0, values + (1 << bits), values) if signed else values
+    fractions = []
+    for shift in slice_shifts(dac_bits, bits):
+        width = min(dac_bits, bits - shift)
+        digit = (encoded >> shift) & ((1 << width) - 1)
+        if signed and shift + width == bits:
+            digit = np.where(digit >= 1 << (width - 1), digit - (1 << width), digit)
+        fractions.append(np.abs(digit) / ((1 << width) - 1))
+    weights = np.asarray(counts, dtype=np.float64)
+    return float(np.mean([np.average(f, weights=weights) for f in fractions]))
+
+
+def mean_cell(layer: Conv, crossbar: Crossbar) -> float:
+    """The mean level of the layer's cells, a fraction of the top level: each weight's magnitude cut into
+    ``cells_per_weight`` digits of ``bits_per_cell`` (the other cell of each pair at zero)."""
+    magnitude = np.abs(layer.centered_weight)
+    bits = crossbar.bits_per_cell
+    digits = [
+        (magnitude >> shift) & ((1 << bits) - 1) for shift in range(0, bits * crossbar.cells_per_weight, bits)
+    ]
+    return float(np.mean(digits) / ((1 << bits) - 1) / 2)
+
+
+def totals(counted: list[LayerActions]) -> dict[str, int]:
+    """The actions of one inference, summed over the layers (:data:`COUNTED`), with the chip's arrays and
+    cells."""
+    summed = {name: sum(getattr(layer, name) for layer in counted) for name in COUNTED}
+    return summed | {"arrays": sum(a.arrays for a in counted), "cells": sum(a.cells for a in counted)}
+
+
+def table(counted: list[LayerActions]) -> list[dict]:
+    """One row per layer, every field (the run's ``device/actions.csv``)."""
+    return [asdict(layer) for layer in counted]
