@@ -6,6 +6,7 @@ that exists and every `make <target>` a target of the Makefile; every relative l
 
 from __future__ import annotations
 
+import fnmatch
 import functools
 import importlib.util
 import re
@@ -16,6 +17,7 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import OmegaConf
 
 import resnet8ptq.config  # noqa: F401  (registers base_config)
 from resnet8ptq.config import quant_spec
@@ -132,9 +134,9 @@ def test_every_module_and_make_target_exists() -> None:
     for page in PAGES:
         text = page.read_text()
         for command in commands_in(text, "python -m resnet8ptq."):
-            module = re.search(r"python -m (resnet8ptq(?:\.\w+)+)", command).group(1)
-            if importlib.util.find_spec(module) is None:
-                missing.append(f"{page.name}: {module}")
+            for module in re.findall(r"python -m (resnet8ptq(?:\.\w+)+)", command):  # not `<module>`
+                if importlib.util.find_spec(module) is None:
+                    missing.append(f"{page.name}: {module}")
         for command in commands_in(text, "make "):
             for target in re.findall(r"(?:^|&&|;)\s*make ([a-z][\w-]*)", command):
                 if target not in targets:
@@ -167,3 +169,46 @@ def test_every_relative_link_resolves() -> None:
             elif anchor and file.suffix == ".md" and anchor not in anchors(file):
                 broken.append(f"{page.name}: {target} (no heading #{anchor} in {file.name})")
     assert broken == []
+
+
+DICT_SETTINGS = ("search.calib_params",)
+"""Settings whose value is a mapping, documented as a whole."""
+UNDOCUMENTED = {
+    "backend._target_": "Hydra's instantiation target, not a setting",
+    "calib.method": "set by the calib group's choice (`calib=entropy`)",
+}
+"""Keys of the composed configuration that are not settings a user sets, with why."""
+
+
+def documented_tokens() -> set[str]:
+    """Every backticked span of README.md and docs/ (a command's settings do not count), a one-word
+    ``key=value`` span as its key."""
+    tokens = set()
+    for page in PAGES:
+        for span in re.findall(r"`([^`]+)`", FENCE.sub("", page.read_text())):
+            tokens |= {span, span.split("=")[0]} if " " not in span else {span}
+    return tokens
+
+
+def test_every_setting_is_documented(compose_config) -> None:
+    """Every key of the composed configuration (the boards' own data under mcu.boards aside) is named in
+    README.md or docs/: by itself, as a whole mapping (:data:`DICT_SETTINGS`), or by a pattern
+    (`algo.*_batch_size`; a whole group, `device.*`, does not count)."""
+    from resnet8ptq.tracking.identity import flatten
+
+    config = OmegaConf.to_container(compose_config([]), resolve=False)
+    config.pop("hydra", None)
+    tokens = documented_tokens()
+    patterns = [
+        t for t in tokens if re.fullmatch(r"\w+\.[\w.]*\*\w+", t)
+    ]  # `algo.*_batch_size`, not `device.*`
+    missing = [
+        key
+        for key in flatten(config)
+        if not key.startswith("mcu.boards.")
+        and key not in UNDOCUMENTED
+        and key not in tokens
+        and not any(key.startswith(f"{setting}.") and setting in tokens for setting in DICT_SETTINGS)
+        and not any(fnmatch.fnmatchcase(key, pattern) for pattern in patterns)
+    ]
+    assert missing == []
