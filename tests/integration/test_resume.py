@@ -55,26 +55,33 @@ def quantized(runs: list[Run], dtype: str) -> list[Run]:
 
 
 def wait_until_second_job_runs(proc: subprocess.Popen, workdir: Path, timeout: float = 600) -> list[Run]:
-    """Poll the store until the int8 run FINISHED and the uint8 run is RUNNING (the sweep's second job)."""
+    """Poll the store until the int8 run FINISHED and the uint8 run is RUNNING (the sweep's second job), as
+    one snapshot of the store shows them."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             pytest.fail(f"the sweep ended before it was killed: {(workdir / 'err.txt').read_text()[-3000:]}")
         runs = all_runs(workdir) if (workdir / "mlflow.db").exists() else []
         done = [r for r in quantized(runs, "int8") if r.info.status == "FINISHED"]
-        if done and quantized(runs, "uint8"):
+        if done and [r for r in quantized(runs, "uint8") if r.info.status == "RUNNING"]:
             return runs
-        time.sleep(0.5)
+        time.sleep(0.2)
     pytest.fail("the sweep's second job did not start in time")
 
 
 def test_killed_sweep_is_closed_and_resumed(
-    cli_env: dict[str, str], run_cli, initialised_store: Path, tmp_path: Path
+    cli_env: dict[str, str], run_cli, initialised_store: Path, model_cache: Path, tmp_path: Path
 ) -> None:
+    """The sweep calibrates and evaluates afresh (a cache of its own, the converted model only), so that its
+    uint8 job runs for seconds, not the moment a cached evaluation takes, and is caught RUNNING."""
     shutil.copy(initialised_store, tmp_path / "mlflow.db")
+    cache = shutil.copytree(
+        model_cache, tmp_path / "cache", ignore=shutil.ignore_patterns("calib", "algo", "eval")
+    )
+    sweep = (*SWEEP, f"cache_dir={cache}")
     with (tmp_path / "err.txt").open("w") as err:
         proc = subprocess.Popen(
-            [sys.executable, str(REPO / "run.py"), *SWEEP], cwd=tmp_path, env=cli_env, stdout=err, stderr=err
+            [sys.executable, str(REPO / "run.py"), *sweep], cwd=tmp_path, env=cli_env, stdout=err, stderr=err
         )
         try:
             before = wait_until_second_job_runs(proc, tmp_path)
@@ -86,7 +93,7 @@ def test_killed_sweep_is_closed_and_resumed(
     assert all(r.data.tags["pid"] == str(proc.pid) for r in running)
     assert all(r.data.tags["host"] == socket.gethostname() for r in running)
 
-    resumed = run_cli(tmp_path, *SWEEP)
+    resumed = run_cli(tmp_path, *sweep)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "Skipping onnx-int8-int8-minmax-pt" in resumed.stdout
     runs = {r.info.run_id: r for r in all_runs(tmp_path)}
@@ -111,7 +118,7 @@ def test_killed_sweep_is_closed_and_resumed(
     assert sorted(r.info.run_name for r in children) == ["onnx-fp32", "onnx-uint8-uint8-minmax-pt"]
 
     # Everything done: a third invocation only skips (no runs but its parent, which ends FINISHED).
-    again = run_cli(tmp_path, *SWEEP)
+    again = run_cli(tmp_path, *sweep)
     assert again.returncode == 0, again.stderr[-3000:]
     assert again.stdout.count("Skipping onnx-") == 2
     new = [r for r in all_runs(tmp_path) if r.info.run_id not in runs]
