@@ -23,9 +23,9 @@ the two statistics their energy models take. The counts follow the crossbar that
 * **MACs**: P·O·K, the multiply-accumulates the layer computes (on the integer device: its digital MACs).
 
 The statistics, per layer: ``mean_input``, the mean DAC level on a driven row as a fraction of its top level
-(each input slice's digit magnitude over 2^width - 1), from the layer's inputs on the images profiled
-(:class:`~resnet8ptq.device.dac.InputProfile`: exact counts per value); ``mean_cell``, the mean level of the
-layer's cells (both of each pair) as a fraction of 2^``bits_per_cell`` - 1.
+(each input slice's digit magnitude over 2^width - 1), from the layer's inputs on every fourth calibration
+image (:class:`~resnet8ptq.device.dac.InputProfile`: exact counts per value); ``mean_cell``, the mean level
+of the layer's cells (both of each pair) as a fraction of 2^``bits_per_cell`` - 1.
 
 Not counted: reading the weights into the arrays (programming happens once, not per inference), moving
 activations between layers (buffers, interconnect) and any control logic.
@@ -44,6 +44,9 @@ from resnet8ptq.device.dac import profiled_inputs
 from resnet8ptq.device.executor import execute
 from resnet8ptq.device.graph import Add, AveragePool, Conv, IntegerModel
 
+STATISTICS_EVERY = 4
+"""The input statistics are measured on every fourth calibration image (250 of the default 1,000, all
+classes): a mean level, for a small part of a device run's time."""
 COUNTED = (
     "macs", "row_activations", "dac_conversions", "cell_reads", "adc_conversions", "shift_adds",
     "accumulator_adds", "requantizations", "residual_adds", "pooling_adds",
@@ -86,15 +89,15 @@ def device_actions(
     dac_ranges: dict[str, tuple[int, int]] | None = None,
 ) -> list[LayerActions]:
     """:func:`count_actions` of ``model`` on ``device`` (``integer``: digital MACs; ``cim``: its crossbar),
-    the inputs' statistics from the calibration images on the ideal integer device (kept in ``profiles``
+    the inputs' statistics from every :data:`STATISTICS_EVERY`-th calibration image on the ideal integer
+    device (kept in ``profiles``
     for the next device run of the same model, as :func:`~resnet8ptq.device.evaluate.dac_ranges` keeps
     them), the tensors' shapes from one image."""
     crossbar = device.crossbar() if device.kind == "cim" else None
     counts = None
     if crossbar is not None and len(calibration_images):
-        profile = profiled_inputs(
-            model, calibration_images, {} if profiles is None else profiles, device.batch_size
-        )
+        profiled = {} if profiles is None else profiles
+        profile = profiled_inputs(model, calibration_images, profiled, device.batch_size, STATISTICS_EVERY)
         counts = {name: count.numpy() for name, count in profile.counts.items()}
     one = calibration_images[:1] if len(calibration_images) else np.zeros((1, 32, 32, 3), np.float32)
     _, trace = execute(model, one, trace_images=1, batch_size=1)

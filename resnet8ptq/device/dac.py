@@ -40,22 +40,24 @@ class InputProfile(Ideal):
 
     def accumulate(self, layer: Conv, x: torch.Tensor) -> torch.Tensor:
         low, high = input_range(layer)
-        index = (x.to(torch.int64) - low).reshape(-1)
+        # integers 0 .. high - low: as bytes where they fit (bincount reads them ~10x faster than int64)
+        index = (x - low).to(torch.uint8 if high - low < 256 else torch.int64).reshape(-1)
         counts = torch.bincount(index, minlength=high - low + 1).cpu()
         self.counts[layer.name] = self.counts.get(layer.name, 0) + counts
         return super().accumulate(layer, x)
 
 
 def profiled_inputs(
-    model: IntegerModel, images: np.ndarray, profiles: dict[tuple, object], batch_size: int
+    model: IntegerModel, images: np.ndarray, profiles: dict[tuple, object], batch_size: int, every: int = 1
 ) -> InputProfile:
-    """The conv/dense layers' input counts on ``images`` (the ideal integer device), kept in ``profiles``
-    under ``("inputs",)`` for the next device run of the same model and images."""
-    if ("inputs",) not in profiles:
+    """The conv/dense layers' input counts on ``images[::every]`` (the ideal integer device), kept in
+    ``profiles`` for the next device run of the same model and images."""
+    key = ("inputs",) if every == 1 else ("inputs", every)
+    if key not in profiles:
         profile = InputProfile()
-        execute(model, images, profile, batch_size=batch_size)
-        profiles[("inputs",)] = profile
-    return profiles[("inputs",)]  # type: ignore[return-value]
+        execute(model, images[::every], profile, batch_size=batch_size)
+        profiles[key] = profile
+    return profiles[key]  # type: ignore[return-value]
 
 
 def clipped_range(low: int, high: int, counts: np.ndarray, percentile: float) -> tuple[int, int]:
