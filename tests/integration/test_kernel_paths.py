@@ -1,9 +1,9 @@
-"""The same configuration makes the same model on every kernel path of this CPU (issue 44): the headline
-sweep and a TFLite run, calibrated and quantized in processes that force torch's and oneDNN's instruction
+"""The same configuration makes the same model on every kernel path of this CPU (issue 44): the headline sweep
+and a TFLite run, calibrated and quantized in processes that force torch's, oneDNN's and MKL's instruction
 sets down and change the thread count, give identical calibration ranges and model digests. ONNX Runtime and
-PyTorch calibrate in float64 (their float32 kernels' order of summation is what moves with the CPU);
-TFLite's converter calibrates in its own float32 kernels, which no variable here reaches (its row checks the
-thread count only)."""
+PyTorch calibrate in float64 (their float32 kernels' order of summation is what moves with the CPU); TFLite's
+converter calibrates in its own float32 kernels, which no variable here reaches (its row checks the thread
+count only)."""
 
 from __future__ import annotations
 
@@ -26,12 +26,14 @@ CHILD = Path(__file__).with_name("kernel_path_child.py")
 PATHS = {
     "native, 2 threads": ({}, 2),
     "ATen and oneDNN at AVX2, 1 thread": ({"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}, 1),
-    "ATen without SIMD dispatch, oneDNN at SSE4.1": (
-        {"ATEN_CPU_CAPABILITY": "default", "ONEDNN_MAX_CPU_ISA": "SSE41"},
+    "ATen without SIMD dispatch, oneDNN at SSE4.1, MKL's SSE2 path": (
+        {"ATEN_CPU_CAPABILITY": "default", "ONEDNN_MAX_CPU_ISA": "SSE41", "MKL_CBWR": "COMPATIBLE"},
         2,
     ),
 }
-"""Kernel paths: the environment (read by torch and oneDNN at import) and the thread count."""
+"""Kernel paths: the environment (read by torch, oneDNN and MKL at import) and the thread count. MKL's DGEMM
+carries the float64 calibration's convolutions; ``MKL_CBWR=COMPATIBLE`` moves it off the path MKL picks for
+this CPU (other ``MKL_CBWR`` values fall back to it on AMD processors)."""
 
 
 @pytest.fixture(scope="module")
