@@ -37,8 +37,9 @@ import math
 from dataclasses import asdict, dataclass
 
 import numpy as np
+import torch
 
-from resnet8ptq.device.cim import dac_window, input_range, slice_shifts, tile_sizes, value_bits
+from resnet8ptq.device.cim import dac_window, input_range, slice_shifts, slices, tile_sizes, value_bits
 from resnet8ptq.device.config import Crossbar, DeviceConfig
 from resnet8ptq.device.dac import profiled_inputs
 from resnet8ptq.device.executor import execute
@@ -84,23 +85,22 @@ class LayerActions:
 def device_actions(
     model: IntegerModel,
     device: DeviceConfig,
+    image: np.ndarray,
     calibration_images: np.ndarray,
     profiles: dict[tuple, object] | None = None,
     dac_ranges: dict[str, tuple[int, int]] | None = None,
 ) -> list[LayerActions]:
-    """:func:`count_actions` of ``model`` on ``device`` (``integer``: digital MACs; ``cim``: its crossbar),
-    the inputs' statistics from every :data:`STATISTICS_EVERY`-th calibration image on the ideal integer
-    device (kept in ``profiles``
-    for the next device run of the same model, as :func:`~resnet8ptq.device.evaluate.dac_ranges` keeps
-    them), the tensors' shapes from one image."""
+    """:func:`count_actions` of ``model`` on ``device`` (``integer``: digital MACs; ``cim``: its crossbar):
+    the tensors' shapes from ``image`` (one, NHWC), the inputs' statistics from every
+    :data:`STATISTICS_EVERY`-th calibration image on the ideal integer device (kept in ``profiles`` for the
+    next device run of the same model, as :func:`~resnet8ptq.device.evaluate.dac_ranges` keeps them)."""
     crossbar = device.crossbar() if device.kind == "cim" else None
     counts = None
     if crossbar is not None and len(calibration_images):
         profiled = {} if profiles is None else profiles
         profile = profiled_inputs(model, calibration_images, profiled, device.batch_size, STATISTICS_EVERY)
         counts = {name: count.numpy() for name, count in profile.counts.items()}
-    one = calibration_images[:1] if len(calibration_images) else np.zeros((1, 32, 32, 3), np.float32)
-    _, trace = execute(model, one, trace_images=1, batch_size=1)
+    _, trace = execute(model, image, trace_images=1, batch_size=1)
     shapes = {name: tuple(tensor.shape[1:]) for name, tensor in trace.outputs.items()}
     columns = (crossbar.columns if crossbar else None) or math.inf
     return count_actions(model, shapes, crossbar, columns, counts, dac_ranges)
@@ -159,6 +159,7 @@ def _conv(
     tiles = len(tile_sizes(terms, crossbar.rows))
     groups = max(1, math.ceil(2 * w_slices * outputs / columns))  # columns=inf: one group
     counts = (input_counts or {}).get(layer.name)
+    driven = positions * x_slices * terms * groups  # rows driven: every array's, once per input slice
     return LayerActions(
         **digital,
         tiles=tiles,
@@ -167,8 +168,8 @@ def _conv(
         cells=2 * w_slices * outputs * terms,
         input_slices=x_slices,
         weight_slices=w_slices,
-        row_activations=positions * x_slices * terms * groups,
-        dac_conversions=positions * x_slices * terms * groups,
+        row_activations=driven,
+        dac_conversions=driven,  # one DAC a row
         cell_reads=positions * x_slices * terms * 2 * w_slices * outputs,
         adc_conversions=positions * outputs * tiles * x_slices * w_slices,
         shift_adds=positions * outputs * tiles * (x_slices * w_slices - 1),
@@ -181,32 +182,27 @@ def _conv(
 def mean_input(layer: Conv, counts: np.ndarray, window: tuple[int, int], dac_bits: int) -> float:
     """The mean DAC level on a driven row, a fraction of its top level: every input value (``counts`` per
     value of the layer's input range) clipped to the DAC's ``window`` and cut into ``dac_bits`` slices as the
-    crossbar cuts it (two's complement when signed), each slice's |digit| over 2^width - 1, averaged over
-    the slices and weighted by the counts."""
+    crossbar cuts it (:func:`~resnet8ptq.device.cim.slices`), each slice's |digit| over 2^width - 1,
+    averaged over the slices and weighted by the counts."""
     low, high = input_range(layer)
-    values = np.clip(np.arange(low, high + 1), *window)
+    values = torch.from_numpy(np.clip(np.arange(low, high + 1), *window).astype(np.float64))
     bits, signed = value_bits(*window)
-    encoded = np.where(values < 0, values + (1 << bits), values) if signed else values
-    fractions = []
-    for shift in slice_shifts(dac_bits, bits):
-        width = min(dac_bits, bits - shift)
-        digit = (encoded >> shift) & ((1 << width) - 1)
-        if signed and shift + width == bits:
-            digit = np.where(digit >= 1 << (width - 1), digit - (1 << width), digit)
-        fractions.append(np.abs(digit) / ((1 << width) - 1))
     weights = np.asarray(counts, dtype=np.float64)
-    return float(np.mean([np.average(f, weights=weights) for f in fractions]))
+    levels = [
+        np.average(digit.abs().numpy() / ((1 << min(dac_bits, bits - shift)) - 1), weights=weights)
+        for digit, shift in slices(values, dac_bits, bits, signed)
+    ]
+    return float(np.mean(levels))
 
 
 def mean_cell(layer: Conv, crossbar: Crossbar) -> float:
     """The mean level of the layer's cells, a fraction of the top level: each weight's magnitude cut into
-    ``cells_per_weight`` digits of ``bits_per_cell`` (the other cell of each pair at zero)."""
-    magnitude = np.abs(layer.centered_weight)
+    ``cells_per_weight`` digits of ``bits_per_cell`` as the crossbar programs them (the other cell of each
+    pair at zero)."""
     bits = crossbar.bits_per_cell
-    digits = [
-        (magnitude >> shift) & ((1 << bits) - 1) for shift in range(0, bits * crossbar.cells_per_weight, bits)
-    ]
-    return float(np.mean(digits) / ((1 << bits) - 1) / 2)
+    magnitude = torch.from_numpy(np.abs(layer.centered_weight).astype(np.float64))
+    digits = [digit for digit, _ in slices(magnitude, bits, bits * crossbar.cells_per_weight, signed=False)]
+    return float(torch.stack(digits).mean()) / ((1 << bits) - 1) / 2
 
 
 def totals(counted: list[LayerActions]) -> dict[str, int]:

@@ -246,7 +246,7 @@ def evaluate_device(
     calibration_images = data.calibration_images
     dac = dac_ranges(model, device, calibration_images, adc_profiles)
     steps = adc_steps(model, device, calibration_images, adc_profiles, dac, learned)
-    actions = device_actions(model, device, calibration_images, adc_profiles, dac)
+    actions = device_actions(model, device, images[:1], calibration_images, adc_profiles, dac)
     runs, corrections = model, {}
     if device.bias_correction:  # DeviceConfig allows it with device=cim only
         from resnet8ptq.device.bias_correction import correct_biases
