@@ -201,7 +201,7 @@ class SweepRunCallback(Callback):
         run_id, self._run_id = self._run_id, None
         end_sweep_run(run_id)
         if self._report.enabled:
-            write_report_safely(run_id, self._report.max_drop_points)
+            write_report_safely(run_id, self._report)
         if self._register_as:
             from resnet8ptq.report.registry import register_most_accurate
 
@@ -218,12 +218,14 @@ def check_registration(settings: DictConfig) -> None:
         )
 
 
-def write_report_safely(run_id: str, max_drop_points: float) -> None:
+def write_report_safely(run_id: str, settings: ReportConfig) -> None:
     """Write and log the comparison report of a sweep run; a failure is logged, never raised."""
     try:
         from resnet8ptq.report.writer import write_report  # pandas, SciPy: only imported when reporting
 
-        write_report(run_id, max_drop_points=max_drop_points)
+        write_report(
+            run_id, max_drop_points=settings.max_drop_points, chip_drop_points=settings.chip_drop_points
+        )
     except Exception as err:
         log.warning("Comparison report for MLflow run %s failed: %s", run_id, err, exc_info=True)
 

@@ -20,6 +20,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 import resnet8ptq.backends
 from resnet8ptq.algorithms import AlgoConfig
 from resnet8ptq.calibration import CalibConfig
+from resnet8ptq.components.config import ComponentsConfig, uncovered
 from resnet8ptq.device.config import DeviceConfig, check_learnable
 from resnet8ptq.dtype import DtypeConfig
 from resnet8ptq.errors import ConfigError
@@ -62,6 +63,9 @@ class ReportConfig:
 
     enabled: bool = True
     max_drop_points: float = 5.0  # configurations losing more accuracy (points vs FP32) are flagged
+    chip_drop_points: float = (
+        1.0  # the cheapest costed chip keeps its accuracy within this of the integer device
+    )
 
 
 @dataclass
@@ -75,6 +79,7 @@ class Config:
     calib: CalibConfig = MISSING  # the `calib` group's choice
     algo: AlgoConfig = MISSING  # the `algo` group's choice
     device: DeviceConfig = MISSING  # the `device` group's choice
+    components: ComponentsConfig = MISSING  # the `components` group's choice: what a device run costs
     per_channel: bool = False  # per-output-channel weight scales
     reduce_range: bool = False  # weights in 7 bits (ORT's reduce_range): no u8s8 saturation without VNNI
     raised_layers: list[str] = field(default_factory=list)  # layers at 16 bits, named as in layer_sqnr.csv
@@ -148,9 +153,21 @@ def quant_spec(cfg: DictConfig) -> QuantSpec:
         device = OmegaConf.to_object(cfg.device)
         check_device(device, spec)
         check_device_aware(OmegaConf.to_object(cfg.algo), device, spec)
+        check_components(OmegaConf.to_object(cfg.components), device)
         return spec
     except ValueError as err:
         raise ConfigError(str(err)) from err
+
+
+def check_components(components: ComponentsConfig, device: DeviceConfig) -> None:
+    """With ``components.required=true``, fail unless the component models cover ``device``
+    (:func:`~resnet8ptq.components.config.uncovered`)."""
+    reason = uncovered(components, device) if components.required else None
+    if reason is not None:
+        raise ValueError(
+            f"components.required=true: {reason}; or components.required=false (runs go on "
+            "without costs) or components=none."
+        )
 
 
 def check_device_aware(algo: AlgoConfig, device: DeviceConfig, spec: QuantSpec) -> None:

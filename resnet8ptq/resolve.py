@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import onnx
@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from resnet8ptq import hardware
 from resnet8ptq.algorithms import AlgoConfig
 from resnet8ptq.backends.base import Backend
+from resnet8ptq.components.config import ComponentsConfig
 from resnet8ptq.config import quant_spec
 from resnet8ptq.device.config import DeviceConfig, learned_settings
 from resnet8ptq.errors import ConfigError, ModelError
@@ -48,6 +49,7 @@ class Plan:
     tags: dict[str, str]  # the quantized run's
     extra_tags: dict[str, str]  # the caller's, and a mixed-precision search's base hash
     quantization_key: str
+    components: ComponentsConfig = field(default_factory=ComponentsConfig)  # what a device run costs
 
     @property
     def resumable(self) -> bool:
@@ -92,8 +94,22 @@ def resolve(cfg: DictConfig, extra_tags: Mapping[str, str] | None, shared: Share
     }
     name = name_of_run(backend.NAME, spec, algo, device)
     key = config_hash(without_device(params, learned_on(algo)), identity)
+    components: ComponentsConfig = OmegaConf.to_object(cfg.components)  # validated by quant_spec
     return Plan(
-        cfg, spec, algo, device, mcu, experiment_id, backend, name, params, identity, tags, extra, key
+        cfg,
+        spec,
+        algo,
+        device,
+        mcu,
+        experiment_id,
+        backend,
+        name,
+        params,
+        identity,
+        tags,
+        extra,
+        key,
+        components,
     )
 
 
@@ -123,13 +139,14 @@ def name_of_run(backend: str, spec: QuantSpec, algo: AlgoConfig, device: DeviceC
 
 
 def without_device(params: Mapping[str, object], keep: tuple[str, ...] = ()) -> dict[str, object]:
-    """The run's settings without the `device` group's but ``keep`` (``device.<name>``): what its
-    quantization depends on."""
+    """The run's settings without the `device` and `components` groups' but ``keep`` (``device.<name>``):
+    what its quantization depends on."""
     kept = {f"device.{name}" for name in keep}
+    groups = ("device", "components")
     return {
         key: value
         for key, value in params.items()
-        if key in kept or (key != "device" and not key.startswith("device."))
+        if key in kept or (key not in groups and not key.startswith(tuple(f"{g}." for g in groups)))
     }
 
 

@@ -62,6 +62,9 @@ class LayerActions:
     layer: str
     kind: str  # conv | dense | add | pool
     output_elements: int
+    outputs: int = 0  # conv/dense: output channels (crossbar columns before the pair and slices)
+    terms: int = 0  # conv/dense: terms per output, C_in·kh·kw (crossbar rows before tiling)
+    positions: int = 0  # conv/dense: output positions per image, H'·W' (1 for a dense layer)
     macs: int = 0
     tiles: int = 0
     column_groups: int = 0
@@ -146,6 +149,9 @@ def _conv(
         "layer": layer.name,
         "kind": "dense" if layer.dense else "conv",
         "output_elements": out,
+        "outputs": outputs,
+        "terms": terms,
+        "positions": positions,
         "macs": positions * outputs * terms,
         "requantizations": out,
         "residual_adds": out if layer.residual is not None else 0,

@@ -64,13 +64,32 @@ def _pick(
 
 def describe(row: pd.Series) -> str:
     """`86.73% (95% CI 86.05-87.38; -0.46 points vs FP32), 108.0 KiB (2.90x smaller), 2668 img/s, 0.094 ms
-    at batch 1`; a device run's accuracy `on the device`."""
+    at batch 1`; a device run's accuracy `on the device`, and a costed one's chip instead of the file and the
+    desktop's speed: `1.07 µJ, 0.500 mm², 364 µs per inference on the chip (23.4 TOPS/W)`."""
     where = " on the device" if row.get("on_device", False) else ""
-    return (
+    accuracy = (
         f"{fmt(row['accuracy_pct'], '.2f', '%')}{where} ({interval(row)}; "
         f"{fmt(row['delta_points'], '+.2f')} points vs FP32), "
+    )
+    if is_costed(row):
+        return accuracy + chip_figures(row)
+    return accuracy + (
         f"{fmt(row['size_kib'], '.1f')} KiB ({fmt(row['size_reduction'], '.2f', 'x')} smaller), "
         f"{fmt(row['throughput_img_s'], '.0f')} img/s, {fmt(row['latency_ms_b1'], '.3f')} ms at batch 1"
+    )
+
+
+def is_costed(row: pd.Series) -> bool:
+    """A device run whose chip was costed (resnet8ptq/components/)."""
+    return bool(np.isfinite(row.get("device_energy_uj", np.nan)))
+
+
+def chip_figures(row: pd.Series) -> str:
+    """`1.07 µJ, 0.500 mm², 364 µs per inference on the chip (23.4 TOPS/W)`."""
+    return (
+        f"{fmt(row['device_energy_uj'], '.3g', ' µJ')}, {fmt(row['device_area_mm2'], '.3g', ' mm²')}, "
+        f"{fmt(row['device_latency_us'], '.3g', ' µs')} per inference on the chip "
+        f"({fmt(row['device_tops_per_w'], '.3g', ' TOPS/W')})"
     )
 
 
@@ -81,18 +100,25 @@ def recommendations(table: pd.DataFrame, max_drop_points: float) -> tuple[list[P
     the drop limit.
 
     Smallest and fastest consider the configurations within the limit (all when none is); sizes within
-    SIZE_TOLERANCE and throughputs within THROUGHPUT_TOLERANCE count as ties, won by the most accurate.
+    SIZE_TOLERANCE and throughputs within THROUGHPUT_TOLERANCE count as ties, won by the most accurate. A
+    device run whose chip was costed is judged by its chip (least energy, smallest and fastest chip), not
+    by the desktop's file and speed.
     """
     quantized = configured(table)
     over = quantized[quantized["delta_points"].round(6) < -max_drop_points].sort_values("delta_points")
     pool = quantized.drop(over.index) if len(over) < len(quantized) else quantized
     devices = quantized[quantized["on_device"]]
     mixed = 0 < len(devices) < len(quantized)  # runs with and without a device: the best on one, too
+    chips = pool[pool["device_energy_uj"].notna()]  # costed device runs: the chip, not the file, decides
+    files = pool.drop(chips.index)
     picks = [
         _pick(quantized, "Best accuracy", "accuracy_pct", smaller_is_better=False),
         _pick(devices, "Best on a device", "accuracy_pct", smaller_is_better=False) if mixed else None,
-        _pick(pool, "Smallest model", "model_size_bytes", smaller_is_better=True, tolerance=SIZE_TOLERANCE),
-        *_fastest_per_machine(table, pool),
+        _pick(chips, "Least energy on the chip", "device_energy_uj", smaller_is_better=True),
+        _pick(chips, "Smallest chip", "device_area_mm2", smaller_is_better=True),
+        _pick(chips, "Fastest chip", "device_latency_us", smaller_is_better=True),
+        _pick(files, "Smallest model", "model_size_bytes", smaller_is_better=True, tolerance=SIZE_TOLERANCE),
+        *_fastest_per_machine(table, files),
         *(
             _pick(group, f"Best {backend}", "accuracy_pct", smaller_is_better=False)
             for backend, group in quantized.groupby("backend", sort=True)
@@ -189,3 +215,33 @@ def hardware_lines(table: pd.DataFrame) -> list[str]:
         f"**runs from {len(machines)} machines** ({listed}): accuracy (the reference semantics) compares "
         f"across them; speed and native accuracy only within one machine (column `machine`)"
     ]
+
+
+MLPERF_TINY = (
+    ("ST NUCLEO-U385 (Cortex-M33)", 965.58),
+    ("Syntiant NDP9120", 101.83),
+    ("GreenWaves GAP9", 27.71),
+)
+"""MLPerf Tiny's published median energy per inference (µJ) of this same model (image classification,
+ResNet8 on CIFAR-10), drawn beside the chips, whose memories and data movement are not costed:
+mlcommons/tiny_results_v1.3 closed/STMicroelectronics/results/NUCLEO_U385RG_Q/ic/energy/results.txt (182 ms);
+mlcommons/tiny_results_v1.0 closed/syntiant/results/syntiant_9120_0v9_30mhz/ic/energy/results.txt (0.9 V,
+30 MHz, 16.0 ms; under closed/, its system file says Open division; the same files again in v1.1-v1.3);
+mlcommons/tiny_results_v1.0 closed/greenwaves-technologies/results/gap9_650_240/image_classification/energy/
+results.txt (650 mV, 240 MHz, 0.95 ms)."""
+
+
+def costed(table: pd.DataFrame) -> pd.DataFrame:
+    """The configured runs whose chip was costed, each with ``model`` (its quantized model's configuration,
+    the device aside)."""
+    runs = configured(table)
+    runs = runs[runs["device_energy_uj"].notna()].copy()
+    runs["model"] = runs["config"].str.replace(r" @\S+$", "", regex=True)
+    return runs
+
+
+def energy_references(runs: pd.DataFrame) -> tuple[tuple[str, float], ...]:
+    """MLPerf Tiny's published systems, drawn on the accuracy-vs-energy trade-off (µJ)."""
+    if runs.empty or not np.isfinite(runs["device_energy_uj"]).any():
+        return ()
+    return tuple((f"{name}, MLPerf Tiny", energy) for name, energy in MLPERF_TINY)

@@ -44,16 +44,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="POINTS",
         help="flag configurations losing more accuracy than this vs FP32 (default: %(default)s)",
     )
+    parser.add_argument(
+        "--chip-drop",
+        type=float,
+        default=ReportConfig.chip_drop_points,
+        metavar="POINTS",
+        help="name the cheapest costed chip within this many points of the integer device "
+        "(default: %(default)s)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     uri = args.tracking_uri or mlflow.get_tracking_uri()
     try:
         check_store_exists(uri)
         if args.experiment:
-            path = write_experiment_report(args.experiment, args.out, args.max_drop, uri)
+            path = write_experiment_report(args.experiment, args.out, args.max_drop, uri, args.chip_drop)
         else:
             sweep = args.sweep or latest_sweep_run(MlflowClient(uri), DEFAULT_EXPERIMENT)
-            path = write_report(sweep, args.out, args.max_drop, uri)
+            path = write_report(sweep, args.out, args.max_drop, uri, args.chip_drop)
     except ReportError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

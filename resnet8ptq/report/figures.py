@@ -14,6 +14,9 @@ from resnet8ptq.plots import pyplot
 HEATMAP_PNG = "report_class_delta.png"
 SIZE_PNG = "report_accuracy_vs_size.png"
 THROUGHPUT_PNG = "report_accuracy_vs_throughput.png"
+ENERGY_PNG = "report_accuracy_vs_energy.png"
+AREA_PNG = "report_accuracy_vs_area.png"
+CHIP_ENERGY_PNG = "report_chip_energy.png"
 ACCURACY_MAP_PNG = "report_accuracy_map.png"
 LABEL_ALL_POINTS = 12  # trade-off plots name every point up to this many, else only the Pareto front
 MARKERS = "osD^vP<>Xph"  # one per dtype choice, FP32 a star
@@ -43,9 +46,17 @@ def class_delta_heatmap_png(deltas: pd.DataFrame, path: Path) -> Path:
 
 
 def tradeoff_png(
-    table: pd.DataFrame, x: str, x_label: str, front: np.ndarray, path: Path, title: str
+    table: pd.DataFrame,
+    axis: tuple[str, str],
+    front: np.ndarray,
+    path: Path,
+    title: str,
+    references: tuple[tuple[str, float], ...] = (),
 ) -> Path:
-    """Accuracy (%) against `x`: colour = backend, marker = dtype, the Pareto front ringed and joined."""
+    """Accuracy (%) against the column ``axis[0]`` (labelled ``axis[1]``): colour = backend, marker = dtype,
+    the Pareto front ringed and joined; ``references`` (label, x) drawn as dotted vertical lines, on a log
+    axis (published systems far from the points)."""
+    x, x_label = axis
     plt = pyplot()
     from matplotlib.lines import Line2D  # with pyplot: imported when drawing
 
@@ -75,6 +86,12 @@ def tradeoff_png(
             label="Pareto front",
         )
     )  # fmt: skip
+    for label, value in references:
+        ax.axvline(value, color="0.5", linestyle=":", linewidth=1, zorder=1)
+        ax.annotate(label, (value, 0.02), xycoords=("data", "axes fraction"), rotation=90, fontsize=7,
+                    color="0.35", xytext=(-9, 0), textcoords="offset points", va="bottom")  # fmt: skip
+    if references:
+        ax.set_xscale("log")
     ax.legend(handles=handles, loc="best", fontsize=8)
     ax.margins(x=0.15, y=0.1)
     ax.set(xlabel=x_label, ylabel="accuracy (%)", title=title)
@@ -274,5 +291,26 @@ def device_curve_png(
     ax.set_title(f"Accuracy vs {axis.split(' (')[0]} (mean over draws and seeds, 95% intervals)")
     ax.legend(fontsize=7)
     fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def chip_energy_png(table: pd.DataFrame, components: tuple[str, ...], path: Path, title: str) -> Path:
+    """Each chip's energy per inference as stacked horizontal bars, one segment per component (µJ)."""
+    plt = pyplot()
+    chips = table.sort_values("device_energy_uj")
+    fig, ax = plt.subplots(figsize=(9, 1.2 + 0.38 * len(chips)))
+    left = np.zeros(len(chips))
+    for i, name in enumerate(components):
+        values = chips[f"device_energy_uj_{name}"].fillna(0).to_numpy()
+        if values.any():
+            ax.barh(chips["label"], values, left=left, color=f"C{i % 10}", label=name.replace("_", " "))
+            left += values
+    ax.set(xlabel="energy per inference (µJ)", title=title)
+    ax.invert_yaxis()
+    ax.legend(fontsize=8, loc="lower right")
+    ax.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
     plt.close(fig)
     return path

@@ -79,8 +79,7 @@ def deployability_section(report: Report) -> list[str]:
         drawing = draw(
             tradeoff_png,
             points,
-            "arena_kib",
-            "tensor arena (KiB)",
+            ("arena_kib", "tensor arena (KiB)"),
             front,
             path,
             f"{what} (Pareto front ringed)",

@@ -10,6 +10,7 @@ import pandas as pd
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
+from resnet8ptq.components.config import COMPONENTS
 from resnet8ptq.data import CLASS_NAMES
 from resnet8ptq.device.config import Crossbar, DeviceConfig
 from resnet8ptq.errors import ReportError
@@ -67,9 +68,20 @@ EMPTY_COLUMNS = [
     "reference",
     "device",
     "mcu_fits",
+    "cost_model",
 ]  # fmt: skip  (the columns runs_frame gives every run)
 
 
+CHIP_METRICS = (
+    "device_energy_uj",
+    "device_latency_us",
+    "device_area_mm2",
+    "device_tops_per_w",
+    "device_tops_per_mm2",
+    *(f"device_energy_uj_{name}" for name in COMPONENTS),
+)
+"""A costed device run's chip (resnet8ptq/components/): energy, latency, area, efficiency, energy by
+component."""
 METRIC_COLUMNS = (
     "accuracy",
     "accuracy_device",
@@ -98,6 +110,7 @@ METRIC_COLUMNS = (
     "npu_inference_ms",
     "bops",
     "weight_memory_bits",
+    *CHIP_METRICS,
     *(f"{CLASS_METRIC}{name}" for name in CLASS_NAMES),
 )
 
@@ -170,6 +183,7 @@ def runs_frame(runs: Iterable[Run]) -> pd.DataFrame:
                 "budget": tags.get("mixed_precision.budget", ""),
                 "layer_bits": tags.get("layer_bits", ""),
                 "mcu_fits": tags.get("mcu.fits", ""),
+                "cost_model": tags.get("device.cost_model", ""),
                 **device_columns(tags),
                 **metrics,
             }

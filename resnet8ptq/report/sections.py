@@ -12,9 +12,12 @@ import pandas as pd
 from resnet8ptq.drawing import Drawing, draw
 from resnet8ptq.execution import NATIVE_MISMATCH, mismatch_cause
 from resnet8ptq.report.analysis import (
+    MLPERF_TINY,
     SIZE_TOLERANCE,
     THROUGHPUT_TOLERANCE,
     class_deltas,
+    costed,
+    energy_references,
     fmt,
     fmt_p,
     machine_names,
@@ -23,6 +26,8 @@ from resnet8ptq.report.analysis import (
     worst_classes,
 )
 from resnet8ptq.report.figures import (
+    AREA_PNG,
+    ENERGY_PNG,
     HEATMAP_PNG,
     SIZE_PNG,
     THROUGHPUT_PNG,
@@ -68,6 +73,7 @@ class Report:
     failed: pd.DataFrame
     max_drop_points: float
     out_dir: Path
+    chip_drop_points: float = 1.0  # the cheapest chip's limit against the integer device (ReportConfig)
     images: list[Drawing] = field(default_factory=list)
     parent_tags: dict[str, str] = field(default_factory=dict)  # the sweep run's (search.*, mixed_precision.*)
 
@@ -169,6 +175,12 @@ def recommendation_section(table: pd.DataFrame, limit: float) -> list[str]:
         f"Smallest and fastest are chosen {scope}; sizes within {SIZE_TOLERANCE:.0%} and throughputs within "
         f"{THROUGHPUT_TOLERANCE:.0%} count as ties, won by the more accurate."
     )
+    if configured(table)["device_energy_uj"].notna().any():
+        note += (
+            " A device run whose chip was costed is judged by its chip (energy, area and latency per "
+            "inference from its component models: [chip](#the-chip)), the others by the model file and this "
+            "CPU's speed."
+        )
     return ["## Recommendations", *([device] if device else []), bullets(items), note]
 
 
@@ -288,27 +300,61 @@ def added_stage_section(table: pd.DataFrame) -> list[str]:
 
 
 def tradeoff_section(report: Report) -> list[str]:
-    """Accuracy vs size and vs throughput (per machine: speed compares only within one), with the
-    Pareto-optimal configurations named."""
+    """Accuracy vs size and vs throughput (per machine: speed compares only within one), and for device
+    runs whose chip was costed, vs the chip's energy (MLPerf Tiny's published systems beside it) and area
+    instead, with the Pareto-optimal configurations named."""
     section = ["## Trade-offs"]
-    machines = machine_names(report.table)
+    chips = costed(report.table)
+    files = report.table.drop(report.table.index[report.table["run_id"].isin(chips["run_id"])])
+    if not configured(files).empty:
+        section += _file_tradeoffs(report, files)
     accuracy = accuracy_name(report.table)
-    panels = [("size_kib", "model size (KiB)", True, SIZE_PNG, f"{accuracy} vs model size", report.table)]
+    panels = [
+        ("device_energy_uj", "energy per inference on the chip (µJ)", ENERGY_PNG, f"{accuracy} vs the chip's "
+         "energy", energy_references(chips)),
+        ("device_area_mm2", "the chip's area (mm²)", AREA_PNG, f"{accuracy} vs the chip's area", ()),
+    ]  # fmt: skip
+    for x, x_label, png, what, references in panels if len(chips) else ():
+        section += _tradeoff(report, chips, (x, x_label, True, png, what), references)
+    if energy_references(chips):
+        section.append(
+            "Dotted: MLPerf Tiny's published median energy per inference of this model on whole systems "
+            "(memories and data movement included; each cited in resnet8ptq/report/analysis.py), "
+            + ", ".join(f"{name} {energy:g} µJ" for name, energy in MLPERF_TINY)
+            + "."
+        )
+    return section
+
+
+def _file_tradeoffs(report: Report, table: pd.DataFrame) -> list[str]:
+    """Accuracy vs the model file's size and vs this CPU's throughput (per machine) of the runs that have
+    no costed chip."""
+    machines = machine_names(table)
+    accuracy = accuracy_name(report.table)
+    panels = [("size_kib", "model size (KiB)", True, SIZE_PNG, f"{accuracy} vs model size", table)]
     for label, short in machines.items():
         png = THROUGHPUT_PNG if len(machines) == 1 else THROUGHPUT_PNG.replace(".png", f"_{short}.png")
         what = f"{accuracy} vs throughput" + (f" on {short} ({label})" if len(machines) > 1 else "")
-        rows = report.table[report.table["hardware"] == label]
+        rows = table[table["hardware"] == label]
         panels.append(("throughput_img_s", "throughput (img/s)", False, png, what, rows))
-    for x, x_label, minimize, png, what, rows in panels:
-        points = rows.dropna(subset=[x, "accuracy_pct"]).reset_index(drop=True)
-        if points.empty:
-            continue
-        front = pareto_front(points[x].to_numpy(), points["accuracy_pct"].to_numpy(), minimize_x=minimize)
-        section.append(f"Pareto front, {what}: **" + ", ".join(points.loc[front, "label"]) + "**.")
-        title = f"{what.capitalize()} (Pareto front ringed)"
-        path = report.out_dir / png
-        section.append(report.image(path, what, draw(tradeoff_png, points, x, x_label, front, path, title)))
-    return section
+    return [line for *axis, rows in panels for line in _tradeoff(report, rows, tuple(axis))]
+
+
+def _tradeoff(
+    report: Report, rows: pd.DataFrame, axis: tuple, references: tuple[tuple[str, float], ...] = ()
+) -> list[str]:
+    """One trade-off chart (``axis``: column, its label, whether less is better, file, what it shows) with
+    its Pareto front named."""
+    x, x_label, minimize, png, what = axis
+    points = rows.dropna(subset=[x, "accuracy_pct"]).reset_index(drop=True)
+    if points.empty:
+        return []
+    front = pareto_front(points[x].to_numpy(), points["accuracy_pct"].to_numpy(), minimize_x=minimize)
+    line = f"Pareto front, {what}: **" + ", ".join(points.loc[front, "label"]) + "**."
+    title = f"{what[0].upper()}{what[1:]} (Pareto front ringed)"
+    path = report.out_dir / png
+    drawing = draw(tradeoff_png, points, (x, x_label), front, path, title, references)
+    return [line, report.image(path, what, drawing)]
 
 
 def nothing_to_report_message(report: Report) -> str:

@@ -18,6 +18,7 @@ from resnet8ptq.config import ReportConfig
 from resnet8ptq.errors import ReportError
 from resnet8ptq.records import REFERENCE_TAG
 from resnet8ptq.report.analysis import hardware_lines
+from resnet8ptq.report.chip import chip_section
 from resnet8ptq.report.device import device_section
 from resnet8ptq.report.mcu import deployability_section
 from resnet8ptq.report.published import published_section
@@ -90,6 +91,7 @@ def markdown(report: Report) -> str:
     if report.has_results:
         parts += significance_section(table)
         parts += accuracy_map_section(report) + algorithm_section(table) + device_section(report)
+        parts += chip_section(report, report.chip_drop_points)
         parts += deployability_section(report)
         parts += per_class_section(report)
         parts += layer_error_section(table) + added_stage_section(table) + tradeoff_section(report)
@@ -137,6 +139,7 @@ def write_report(
     out_dir: Path | None = None,
     max_drop_points: float = ReportConfig.max_drop_points,
     tracking_uri: str | None = None,
+    chip_drop_points: float = ReportConfig.chip_drop_points,
 ) -> Path | None:
     """Report on the children of a sweep (parent) run, into `out_dir` (default: its `sweep_dir` tag).
 
@@ -172,6 +175,7 @@ def write_report(
         table=tested_table(client, frame),
         failed=frame[frame["status"] != "FINISHED"],
         max_drop_points=max_drop_points,
+        chip_drop_points=chip_drop_points,
         out_dir=Path(out_dir or default_dir),
         parent_tags=dict(tags),
     )
@@ -215,6 +219,7 @@ def write_experiment_report(
     out_dir: Path | None = None,
     max_drop_points: float = ReportConfig.max_drop_points,
     tracking_uri: str | None = None,
+    chip_drop_points: float = ReportConfig.chip_drop_points,
 ) -> Path | None:
     """Report on every run of an experiment (newest run per configuration) into `out_dir`
     (default: runs/report-<experiment>). Returns report.html, or None when nothing finished."""
@@ -234,6 +239,7 @@ def write_experiment_report(
         table=tested_table(client, latest),
         failed=latest[latest["status"] != "FINISHED"],
         max_drop_points=max_drop_points,
+        chip_drop_points=chip_drop_points,
         out_dir=Path(out_dir or Path("runs") / f"report-{experiment_name}"),
     )
     return _finish(report, client, None)

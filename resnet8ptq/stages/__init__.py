@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from resnet8ptq.resolve import Plan
     from resnet8ptq.shared import Shared
 
-BUILT_IN = ("fp32", "published", "quantize", "layers", "device", "mcu")
+BUILT_IN = ("fp32", "published", "quantize", "layers", "device", "costs", "mcu")
 """The stages of this package's own modules, in the order they run; their names are in the schema."""
 
 

@@ -36,14 +36,18 @@ RESULT_KEYS = (
     "layer_analysis",
     "mlflow.log_models",
     "device",
+    "components",
 )
+DEVICE_ONLY = ("components",)
+"""Keys under RESULT_KEYS that decide only a device run's result (what its chip costs): a run without a
+device is hashed without them, so that earlier runs keep their config_hash."""
 NOT_RESULT = ("device.batch_size", "algo.reuse")
 """Keys under RESULT_KEYS that change how a run computes, not what it gives (memory per step: a noisy
 crossbar draws its read noise per image, whatever the batch; whether the algorithms' output may come from an
 earlier run's)."""
 
 
-GROUP_CHOICES = ("backend", "dtype", "calib", "algo", "device")
+GROUP_CHOICES = ("backend", "dtype", "calib", "algo", "device", "components")
 
 ADDED_DEFAULTS = {
     "dtype.activation_bits": "8",
@@ -108,6 +112,11 @@ def result_settings(params: Mapping[str, Any]) -> dict[str, str]:
         for key, value in params.items()
         if key not in GROUP_CHOICES + NOT_RESULT and (key in RESULT_KEYS or key.startswith(prefixes))
     }
+    if str(params.get("device.kind", "none")) == "none":
+        device_only = tuple(f"{key}." for key in DEVICE_ONLY)
+        relevant = {
+            k: v for k, v in relevant.items() if k not in DEVICE_ONLY and not k.startswith(device_only)
+        }
     relevant = {key: VALUE_ALIASES.get(key, {}).get(value, value) for key, value in relevant.items()}
     return {key: value for key, value in relevant.items() if ADDED_DEFAULTS.get(key) != value}
 

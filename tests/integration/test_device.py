@@ -71,6 +71,25 @@ def test_every_toolchain_runs_on_the_integer_device(sweeps: Sweeps) -> None:
             assert round(abs(metrics["accuracy_device"] - metrics["accuracy"]), 6) <= 0.005
 
 
+def test_the_integer_device_is_costed_as_digital_macs(sweeps: Sweeps) -> None:
+    """Every toolchain's integer-device run is costed (the default `components=hwcomponents`): its MACs on
+    Aladdin's integer MACs, no analog part, the total the sum of its components; MLPerf's published model on
+    the sweep's device too."""
+    from resnet8ptq.components.config import AREAS, COMPONENTS
+
+    costed = [*device_runs(sweeps).values()]
+    costed += [r for r in sweeps.children if r.data.tags.get("reference") == "mlperf"]
+    for run in costed:
+        metrics = run.data.metrics
+        assert run.data.tags["device.cost_model"].startswith("hwcomponents 1.0.114")
+        parts = [metrics[f"device_energy_uj_{name}"] for name in COMPONENTS]
+        assert metrics["device_energy_uj"] == pytest.approx(sum(parts))
+        assert metrics["device_energy_uj_mac"] > 0.5 * metrics["device_energy_uj"]
+        assert metrics["device_energy_uj_adc"] == metrics["device_area_mm2_cells"] == 0
+        area = sum(metrics[f"device_area_mm2_{name}"] for name in AREAS)
+        assert metrics["device_area_mm2"] == pytest.approx(area)
+
+
 def test_the_integer_device_is_the_pinned_one(sweeps: Sweeps) -> None:
     """ONNX Runtime int8 per-channel: its ranges, model, integer form and the integer device's predictions
     are the same as on the CPU kind they were pinned on (tests/integration/pinned.py)."""

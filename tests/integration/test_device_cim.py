@@ -161,6 +161,37 @@ def test_the_actions_are_counted_from_the_layer_shapes(
     assert (convs["mean_cell"].between(0, 0.5)).all()  # a pair's other cell is empty
 
 
+def test_a_crossbar_run_logs_what_its_chip_costs(cim_runs: tuple[Path, list[Run]], tmp_path: Path) -> None:
+    """The 4-bit crossbar's energy is its ADC conversions times hwcomponents-adc's energy per conversion plus
+    the other components', per layer as in total; its latency and area are logged with the model named."""
+    from resnet8ptq.components.config import COMPONENTS
+
+    workdir, runs = cim_runs
+    run = pick(runs, "mse")
+    metrics, tags = run.data.metrics, run.data.tags
+    assert "hwcomponents-adc 1.0.21" in tags["device.cost_model"] and "22 nm" in tags["device.cost_model"]
+    client = MlflowClient(f"sqlite:///{workdir / 'mlflow.db'}")
+    parts = pd.read_csv(client.download_artifacts(run.info.run_id, "device/components.csv", str(tmp_path)))
+    (adc,) = parts[parts["component"] == "adc"].itertuples()
+    assert adc.model == "hwcomponents_adc.ADC" and "n_bits=4" in adc.attributes
+    assert metrics["device_energy_uj_adc"] == pytest.approx(
+        metrics["device_adc_conversions"] * adc.energy * 1e6
+    )
+    layers = pd.read_csv(client.download_artifacts(run.info.run_id, "device/costs.csv", str(tmp_path)))
+    assert len(layers) == len(pd.read_csv(client.download_artifacts(
+        run.info.run_id, "device/actions.csv", str(tmp_path))))  # fmt: skip
+    for name in COMPONENTS[:-1]:  # leakage is the chip's, over the whole inference
+        assert layers[name].sum() == pytest.approx(metrics[f"device_energy_uj_{name}"]), name
+    assert layers["latency"].sum() == pytest.approx(metrics["device_latency_us"])
+    assert metrics["device_energy_uj"] == pytest.approx(
+        sum(metrics[f"device_energy_uj_{n}"] for n in COMPONENTS)
+    )
+    assert metrics["device_tops_per_w"] == pytest.approx(
+        2 * metrics["device_macs"] / (metrics["device_energy_uj"] * 1e-6) / 1e12
+    )
+    assert metrics["device_area_mm2_adc"] > 0 and metrics["device_energy_uj_mac"] == 0
+
+
 def test_the_calibrated_crossbar_is_the_pinned_one(cim_runs: tuple[Path, list[Run]]) -> None:
     """128 rows, a 4-bit ADC, the default range rule: the same model, integer form and device predictions as
     on the CPU kind they were pinned on (tests/integration/pinned.py)."""

@@ -176,6 +176,7 @@ DICT_SETTINGS = ("search.calib_params",)
 UNDOCUMENTED = {
     "backend._target_": "Hydra's instantiation target, not a setting",
     "calib.method": "set by the calib group's choice (`calib=entropy`)",
+    "components.kind": "set by the components group's choice (`components=none`)",
 }
 """Keys of the composed configuration that are not settings a user sets, with why."""
 

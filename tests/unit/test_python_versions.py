@@ -23,9 +23,10 @@ def normalized(name: str) -> str:
 
 
 def lock_pins() -> dict[str, str]:
+    """Each pin's version, its environment marker (``; python_version >= '3.12'``) aside."""
     lines = (REPO / "requirements.lock").read_text().splitlines()
     return dict(
-        (normalized(name), version)
+        (normalized(name), version.split(";")[0].strip())
         for name, version in (line.split("==") for line in lines if line[:1].isalnum())
     )
 
@@ -46,7 +47,8 @@ def test_uv_lock_holds_the_versions_of_requirements_lock() -> None:
     pins = lock_pins()
     project = tomllib.loads((REPO / "pyproject.toml").read_text())
     constraints = project["tool"]["uv"]["constraint-dependencies"]
-    assert {normalized(pin.split("==")[0]): pin.split("==")[1] for pin in constraints} == pins
+    pinned = {normalized(pin.split("==")[0]): pin.split("==")[1].split(";")[0].strip() for pin in constraints}
+    assert pinned == pins
     locked = {
         normalized(package["name"]): package.get("version")
         for package in tomllib.loads((REPO / "uv.lock").read_text())["package"]

@@ -453,7 +453,7 @@ def test_report_failure_never_fails_the_sweep(monkeypatch, caplog) -> None:
 
     monkeypatch.setattr(report, "write_report", broken)
     with caplog.at_level(logging.WARNING):
-        app.write_report_safely("some-run-id", 5.0)
+        app.write_report_safely("some-run-id", app.ReportConfig())
     assert "report exploded" in caplog.text
 
 

@@ -11,9 +11,16 @@ import pytest
 from resnet8ptq.stages import BUILT_IN, RunRecord, added, registered
 
 
-def plan(device: bool = False, mcu: bool = False, tflite: bool = False, layer_analysis: bool = True):
+def plan(
+    device: bool = False,
+    mcu: bool = False,
+    tflite: bool = False,
+    layer_analysis: bool = True,
+    costs: bool = True,
+):
     return SimpleNamespace(
         device=SimpleNamespace(enabled=device),
+        components=SimpleNamespace(enabled=costs),
         mcu=SimpleNamespace(enabled=mcu),
         backend=SimpleNamespace(MCU=tflite),
         cfg=SimpleNamespace(layer_analysis=layer_analysis),
@@ -32,7 +39,9 @@ def test_each_stage_runs_where_its_settings_ask_for_it() -> None:
     every_run = ["fp32", "published", "quantize"]
     assert enabled() == [*every_run, "layers"]
     assert enabled(layer_analysis=False) == every_run
-    assert enabled(device=True) == [*every_run, "layers", "device"]
+    assert enabled(device=True) == [*every_run, "layers", "device", "costs"]
+    assert enabled(device=True, costs=False) == [*every_run, "layers", "device"]
+    assert enabled(costs=True) == [*every_run, "layers"]  # a chip's costs need a device run
     assert enabled(mcu=True) == [*every_run, "layers"]  # TFLite Micro runs TFLite models only
     assert enabled(mcu=True, tflite=True) == [*every_run, "layers", "mcu"]
 

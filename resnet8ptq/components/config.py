@@ -1,0 +1,172 @@
+"""The `components` config group (`conf/components/*.yaml`): what a device run's chip costs, in energy,
+latency and area per inference, from the Accelergy project's ``hwcomponents`` component models
+(:mod:`resnet8ptq.components.costs`; docs/chip_cost.md). ``hwcomponents`` (default: every device run is
+costed where the models cover its design) or ``none``. Every default's source is beside it."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+from dataclasses import dataclass
+
+from resnet8ptq.device.config import DeviceConfig
+
+KINDS = ("hwcomponents", "none")
+ADC_MODELS = ("murmann", "isaac")
+DAC_MODELS = ("auto", "isaac", "brahms")
+DAC_AUTO_BITS = 4
+"""``dac_model=auto``: ISAAC's 1-bit DAC up to this many bits per cycle, Brahms' 8-bit DAC above (each model
+nearest the resolution it was measured at)."""
+TECH_NODES_NM = (7.0, 130.0)
+"""The technology nodes ``hwcomponents``' scaling tables hold (IRDS: 7 ... 130 nm); outside them it
+extrapolates linearly, which these costs refuse."""
+MURMANN_BITS = (4, 20)
+"""The resolutions hwcomponents-adc's survey fit answers for (it asserts >= 4 bits; its table of the best
+figure of merit per ENOB ends at 20)."""
+MURMANN_MAX_RATE = 1e10
+"""hwcomponents-adc's largest sample rate (its fit's ``frequency (Hz)`` maximum, e^23.03)."""
+PACKAGES = ("hwcomponents", "hwcomponents_adc", "hwcomponents_library")
+"""The permissively licensed (MIT) component packages the costs need (Python >= 3.12)."""
+
+COMPONENTS = (
+    "cells", "word_lines", "bit_lines", "dac", "adc", "shift_add", "mac", "accumulator", "requantizer",
+    "leakage",
+)  # fmt: skip
+"""Where an inference's energy goes (``device_energy_uj_<component>``, resnet8ptq/tracking/schema.py)."""
+AREAS = ("cells", "adc", "dac", "digital")
+"""Where the chip's area goes (``device_area_mm2_<part>``)."""
+INSTALL = "pip install hwcomponents==1.0.114 hwcomponents-adc==1.0.21 hwcomponents-library==1.0.58"
+
+
+@dataclass(frozen=True)
+class Cell:
+    """A resistive memory cell's read: its conductance range, read voltage and pulse, and its footprint in
+    feature sizes F (the technology node)."""
+
+    on_resistance: float  # Ω at the top level
+    off_resistance: float  # Ω at level 0
+    read_voltage: float  # V on a driven row
+    read_pulse: float  # s of one read
+    height: float  # F
+    width: float  # F
+    source: str
+
+
+CELLS = {
+    "rram": Cell(
+        on_resistance=6e3,
+        off_resistance=6e3 * 150,
+        read_voltage=0.5,
+        read_pulse=10e-9,
+        height=4,
+        width=12,
+        source="NeuroSim V1.3 defaults (DNN_NeuroSim_V1.3 Inference_pytorch/NeuroSIM/Param.cpp: 1T1R RRAM, "
+        "resistanceOn 6 kΩ, resistanceOff 150 x 6 kΩ, readVoltage 0.5 V, readPulseWidth 10 ns, "
+        "4 F x 12 F); figures only, none of NeuroSim's code",
+    ),
+}
+"""The cells a chip's arrays can be made of (``components.cell``), each with its source."""
+
+
+@dataclass
+class ComponentsConfig:
+    """How a device run's chip is costed. The defaults: a 22 nm chip of NeuroSim V1.3's default RRAM cells,
+    one survey-fitted ADC per 8 columns at 100 MS/s, ISAAC's DACs, and a 128-MAC digital array as the
+    integer device."""
+
+    kind: str = "hwcomponents"  # hwcomponents | none (no costs)
+    # a design no component model covers (an ideal ADC, hwcomponents-adc below 4 bits, Python < 3.12):
+    # false: the run goes on without costs, its tag device.cost_skipped says why; true: an error before any
+    # work
+    required: bool = False
+    tech_node_nm: float = 22.0  # every component's technology node (hwcomponents scales 7..130 nm)
+    cell: str = "rram"  # the arrays' cells: CELLS (rram: NeuroSim V1.3's default 1T1R RRAM)
+    # the ADC's model: murmann (hwcomponents-adc, Murmann's ADC survey fit, >= 4 bits) | isaac
+    # (hwcomponents-library IsaacADC: ISAAC's 8-bit 32 nm SAR ADC, scaled by 2^bits)
+    adc_model: str = "murmann"
+    adc_rate: float = 1e8  # samples per second of one ADC (the issue's 100 MS/s; NeuroSim: one per cycle)
+    columns_per_adc: int = 8  # differential column pairs one ADC converts in turn (NeuroSim: numColMuxed 8)
+    # the row drivers: isaac (IsaacDAC: ISAAC's 1-bit DAC, 32 nm) | brahms (BrahmsDAC: 8-bit, 40 nm), both
+    # scaled by 2^bits from their own resolution | auto: isaac up to 4 bits per cycle, brahms above
+    dac_model: str = "auto"
+    mac_units: int = 128  # device=integer: digital MACs in parallel (hwcomponents-library AladdinIntMAC)
+    vector_lanes: int = 16  # adders working in parallel on the residual adds and pooling
+
+    def __post_init__(self) -> None:
+        low, high = TECH_NODES_NM
+        checks = [
+            (self.kind in KINDS, f"components={self.kind!r}: expected one of {', '.join(KINDS)}"),
+            (
+                math.isfinite(self.tech_node_nm) and low <= self.tech_node_nm <= high,
+                f"components.tech_node_nm={self.tech_node_nm}: expected {low:g}..{high:g} nm, the "
+                "technology nodes hwcomponents' scaling tables hold",
+            ),
+            (
+                self.cell in CELLS,
+                f"components.cell={self.cell!r}: expected one of {', '.join(CELLS)} (a new cell: an entry "
+                "of CELLS in resnet8ptq/components/config.py, with its source)",
+            ),
+            (
+                self.adc_model in ADC_MODELS,
+                f"components.adc_model={self.adc_model!r}: expected one of {', '.join(ADC_MODELS)}",
+            ),
+            (
+                math.isfinite(self.adc_rate) and 0 < self.adc_rate <= MURMANN_MAX_RATE,
+                f"components.adc_rate={self.adc_rate:g}: expected samples per second in "
+                f"(0, {MURMANN_MAX_RATE:g}] (hwcomponents-adc's largest rate)",
+            ),
+            (
+                self.columns_per_adc >= 1,
+                f"components.columns_per_adc={self.columns_per_adc}: expected >= 1 column pair per ADC",
+            ),
+            (
+                self.dac_model in DAC_MODELS,
+                f"components.dac_model={self.dac_model!r}: expected one of {', '.join(DAC_MODELS)}",
+            ),
+            (self.mac_units >= 1, f"components.mac_units={self.mac_units}: expected >= 1 MAC"),
+            (self.vector_lanes >= 1, f"components.vector_lanes={self.vector_lanes}: expected >= 1 lane"),
+        ]
+        failed = [message for ok, message in checks if not ok]
+        if failed:
+            raise ValueError("; ".join(failed) + ".")
+
+    @property
+    def enabled(self) -> bool:
+        return self.kind != "none"
+
+    def dac(self, dac_bits: int) -> str:
+        """The DAC model for ``dac_bits`` per cycle (``auto``: the one measured nearest)."""
+        if self.dac_model != "auto":
+            return self.dac_model
+        return "isaac" if dac_bits <= DAC_AUTO_BITS else "brahms"
+
+    @property
+    def tech_node(self) -> float:
+        """The technology node in metres (hwcomponents' unit)."""
+        return self.tech_node_nm * 1e-9
+
+
+def uncovered(components: ComponentsConfig, device: DeviceConfig) -> str | None:
+    """Why no component model costs ``device`` with these ``components`` settings (None: they do), checked
+    before any work: the packages missing, an ideal ADC, an ADC resolution outside the chosen model's."""
+    if not components.enabled or not device.enabled:
+        return None
+    missing = [name for name in PACKAGES if importlib.util.find_spec(name) is None]
+    if missing:
+        python = "" if sys.version_info >= (3, 12) else " (they need Python >= 3.12)"
+        return f"the component models are not installed: {', '.join(missing)}{python}; {INSTALL}"
+    if device.kind != "cim":
+        return None
+    if device.adc_bits is None:
+        return (
+            "device.adc_bits=null is an ideal readout, which no ADC model costs; set device.adc_bits "
+            f"({MURMANN_BITS[0]}..{MURMANN_BITS[1]} with components.adc_model=murmann)"
+        )
+    low, high = MURMANN_BITS
+    if components.adc_model == "murmann" and not low <= device.adc_bits <= high:
+        return (
+            f"device.adc_bits={device.adc_bits} is outside hwcomponents-adc's range ({low}..{high} bits: "
+            "components.adc_model=murmann); components.adc_model=isaac scales ISAAC's ADC to any resolution"
+        )
+    return None

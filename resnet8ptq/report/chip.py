@@ -1,0 +1,98 @@
+"""The report's chip section, for device runs whose chip was costed (resnet8ptq/components/,
+docs/chip_cost.md): the cheapest chip (by energy, and by area) within a number of points of the ideal
+integer device, every chip's energy, latency, area and efficiency with the Pareto-optimal ones marked, and
+where each chip's energy goes. The accuracy-vs-energy and accuracy-vs-area trade-offs are drawn with the
+others (sections.py)."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from resnet8ptq.components.config import COMPONENTS
+from resnet8ptq.drawing import draw
+from resnet8ptq.report.analysis import chip_figures, costed, fmt, pareto_front
+from resnet8ptq.report.figures import CHIP_ENERGY_PNG, chip_energy_png
+from resnet8ptq.report.runs import configured
+from resnet8ptq.report.sections import Report, Table
+
+
+def integer_accuracy(table: pd.DataFrame, model: str) -> tuple[float, str]:
+    """The accuracy (%) of ``model`` on the ideal integer device, and where it comes from: its
+    ``device=integer`` run in this report, else its reference accuracy (the same integer model in its
+    toolchain's reference pass: a few predictions differ, docs/device.md)."""
+    runs = configured(table)
+    models = runs["config"].str.replace(r" @\S+$", "", regex=True)
+    integer = runs[(models == model) & (runs["device"] == "int")]
+    if len(integer):
+        return float(integer["accuracy_pct"].max()), "its run on the integer device"
+    same = runs[models == model]
+    return float(100 * same["accuracy"].max()), "its reference accuracy (no integer-device run in the sweep)"
+
+
+def chip_section(report: Report, drop_points: float) -> list[str]:
+    """The cheapest chips within ``drop_points`` of the integer device, the chips' table and their energy by
+    component."""
+    runs = costed(report.table)
+    if runs.empty:
+        return []
+    references = {model: integer_accuracy(report.table, model) for model in runs["model"].unique()}
+    runs["reference_pct"] = runs["model"].map(lambda model: references[model][0])
+    runs["vs_integer"] = runs["accuracy_pct"] - runs["reference_pct"]
+    within = runs[runs["vs_integer"].round(6) >= -drop_points]
+    section = ["## The chip", _source_line(runs)]
+    picks = []
+    for what, column in (("energy", "device_energy_uj"), ("area", "device_area_mm2")):
+        if within.empty:
+            break
+        best = within.sort_values([column, "accuracy_pct"], ascending=[True, False], kind="stable").iloc[0]
+        picks.append(
+            f"**Cheapest chip by {what} within {drop_points:g} point(s) of the integer device**: "
+            f"{best['label']} — {fmt(best['accuracy_pct'], '.2f', '%')} on the device "
+            f"({best['vs_integer']:+.2f} points vs the integer device), {chip_figures(best)}"
+        )
+    if not picks:
+        picks.append(f"**No chip keeps its accuracy within {drop_points:g} point(s) of the integer device.**")
+    origins = sorted({origin for _, origin in references.values()})
+    section += ["- " + "\n- ".join(picks), "The integer device's accuracy: " + "; ".join(origins) + "."]
+    section.append(_chip_table(runs).markdown())
+    path = report.out_dir / CHIP_ENERGY_PNG
+    title = "Energy per inference by component (hwcomponents models)"
+    drawing = draw(chip_energy_png, runs, COMPONENTS, path, title)
+    section.append(report.image(path, "energy per inference by component", drawing))
+    return section
+
+
+def _source_line(runs: pd.DataFrame) -> str:
+    models = sorted({tag for tag in runs.get("cost_model", pd.Series(dtype=str)).dropna() if tag})
+    return (
+        "Energy, latency and area of one inference on the chip each device run simulated, from its exact "
+        "action counts and the Accelergy project's `hwcomponents` component models (docs/chip_cost.md); "
+        "weight and activation memories, data movement and control are not costed"
+        + (f". Models: {'; '.join(models)}." if models else ".")
+    )
+
+
+def _chip_table(runs: pd.DataFrame) -> Table:
+    """Every chip with its figures; `*` on the accuracy-vs-energy and accuracy-vs-area Pareto fronts."""
+    ordered = runs.sort_values("device_energy_uj").reset_index(drop=True)
+    accuracy = ordered["accuracy_pct"].to_numpy()
+    on_energy = pareto_front(ordered["device_energy_uj"].to_numpy(), accuracy, minimize_x=True)
+    on_area = pareto_front(ordered["device_area_mm2"].to_numpy(), accuracy, minimize_x=True)
+    rows = [
+        [
+            row.label,
+            fmt(row.accuracy_pct, ".2f"),
+            fmt(row.vs_integer, "+.2f"),
+            fmt(row.device_energy_uj, ".3g") + (" *" if energy else ""),
+            fmt(row.device_latency_us, ".3g"),
+            fmt(row.device_area_mm2, ".3g") + (" *" if area else ""),
+            fmt(row.device_tops_per_w, ".3g"),
+            fmt(row.device_tops_per_mm2, ".3g"),
+        ]
+        for row, energy, area in zip(ordered.itertuples(), on_energy, on_area, strict=True)
+    ]
+    headers = [
+        "configuration", "on device %", "vs integer device (points)", "energy (µJ)", "latency (µs)",
+        "area (mm²)", "TOPS/W", "TOPS/mm²",
+    ]  # fmt: skip
+    return Table(headers, rows)

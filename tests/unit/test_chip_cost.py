@@ -1,0 +1,204 @@
+"""A device run's chip costs (resnet8ptq/components/): every part priced is hwcomponents' own answer through
+its model selection; the energy is each component's actions times its part's energy; the ADC and DAC counts,
+the latency and the area of a small chip by hand; the integer device as digital MACs; bad settings and designs
+no model covers refused by name before any work (or skipped with why)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+pytest.importorskip("hwcomponents", reason="the component models need Python >= 3.12")
+
+import hwcomponents
+
+from resnet8ptq.components.config import COMPONENTS, ComponentsConfig, uncovered
+from resnet8ptq.components.costs import chip_cost, layer_table
+from resnet8ptq.components.models import _model_class
+from resnet8ptq.config import quant_spec
+from resnet8ptq.device.actions import LayerActions, count_actions
+from resnet8ptq.device.config import DeviceConfig
+from resnet8ptq.device.graph import IntegerModel
+from resnet8ptq.errors import ConfigError
+from tests.unit.test_config import composed
+from tests.unit.test_device import conv_layer
+
+SIDE = 4
+
+
+def actions(device: DeviceConfig, channels_in: int = 16, channels_out: int = 12) -> list[LayerActions]:
+    """One 3x3 conv layer's actions on ``device``, with made-up input statistics (a run measures them)."""
+    layer = conv_layer(np.random.default_rng(0), channels_in, channels_out)
+    model = IntegerModel("test", "x", layer.input_quant, "half_to_even", [layer])
+    crossbar = device.crossbar() if device.kind == "cim" else None
+    columns = (crossbar.columns if crossbar else None) or math.inf
+    counted = count_actions(model, {"y": (channels_out, SIDE, SIDE)}, crossbar, columns)
+    return [_with_statistics(layer) for layer in counted] if crossbar else counted
+
+
+def _with_statistics(layer: LayerActions) -> LayerActions:
+    from dataclasses import replace
+
+    return replace(layer, mean_input=0.3)
+
+
+CHIP = DeviceConfig(kind="cim", rows=64, adc_bits=5, dac_bits=1, bits_per_cell=4, cells_per_weight=2)
+
+
+@pytest.mark.parametrize(
+    "device",
+    [CHIP, DeviceConfig(kind="cim", rows=128, adc_bits=8), DeviceConfig(kind="integer")],
+    ids=["bit-serial-sliced", "8-bit-dac", "integer"],
+)
+def test_each_part_is_hwcomponents_own_answer(device: DeviceConfig) -> None:
+    """hwcomponents' selection (get_action_cost, get_area, get_leak_power), given the part's model alone,
+    answers what the cost used, for the same attributes and action."""
+    cost = chip_cost(actions(device), device, ComponentsConfig())
+    assert cost.parts
+    for part in cost.parts:
+        cls = _model_class(part.model)
+        attributes = dict(_parse(part.attributes.split("; ")[0]))
+        arguments = dict(_parse(part.attributes.split("; ")[1])) if "; " in part.attributes else {}
+        names = getattr(cls, "component_name", None) or cls.__name__
+        name = names[0] if isinstance(names, list) else names
+        own = hwcomponents.get_action_cost(name, attributes, part.action, arguments, models=[cls])
+        assert own.energy == pytest.approx(part.energy, rel=1e-3), part
+        assert own.latency == pytest.approx(part.latency, rel=1e-3), part
+        assert hwcomponents.get_area(name, attributes, models=[cls]) == pytest.approx(part.area, rel=1e-3)
+        leak = hwcomponents.get_leak_power(name, attributes, models=[cls])
+        assert leak == pytest.approx(part.leak_power, rel=1e-3, abs=1e-30)
+
+
+def _parse(text: str) -> list[tuple[str, object]]:
+    """``name=value, ...`` as Part.attributes shows them (4 significant digits for the statistics)."""
+    pairs = []
+    for item in text.split(", "):
+        name, value = item.split("=")
+        try:
+            pairs.append((name, int(value)))
+        except ValueError:
+            try:
+                pairs.append((name, float(value)))
+            except ValueError:
+                pairs.append((name, value))
+    return pairs
+
+
+def test_the_energy_is_each_components_actions_times_its_part() -> None:
+    (layer,) = actions(CHIP)
+    cost = chip_cost([layer], CHIP, ComponentsConfig())
+    parts = {part.component: part for part in cost.parts}
+    expected = {
+        "cells": layer.cell_reads * parts["cells"].energy,
+        "word_lines": layer.row_activations * parts["word_lines"].energy,
+        "bit_lines": 2 * layer.adc_conversions * parts["bit_lines"].energy,
+        "dac": layer.dac_conversions * parts["dac"].energy,
+        "adc": layer.adc_conversions * parts["adc"].energy,
+        "shift_add": layer.shift_adds * parts["shift_add"].energy,
+        "accumulator": layer.accumulator_adds * parts["accumulator"].energy,
+        "requantizer": layer.requantizations * parts["requantizer"].energy,
+        "mac": 0.0,
+    }
+    for name, energy in expected.items():
+        assert cost.energy[name] == pytest.approx(energy), name
+    assert set(cost.energy) == set(COMPONENTS)
+    assert cost.total_energy == pytest.approx(sum(expected.values()) + cost.energy["leakage"])
+    metrics = cost.metrics()
+    assert metrics["device_energy_uj"] == pytest.approx(cost.total_energy * 1e6)
+    assert metrics["device_tops_per_w"] == pytest.approx(2 * layer.macs / cost.total_energy / 1e12)
+    (row,) = layer_table(cost)
+    assert row["adc"] == pytest.approx(cost.energy["adc"] * 1e6) and row["layer"] == "conv"
+
+
+def test_a_small_chips_adcs_dacs_latency_and_area_by_hand() -> None:
+    """16 x 9 = 144 terms over 64-row tiles: 3 tiles (64, 64, 16); 12 outputs x 2 weight slices = 24
+    readings a tile, 3 ADCs a tile at 8 column pairs an ADC (9 ADCs); a DAC on each of the 144 rows;
+    bit-serial 8-bit inputs: 8 slices per position, each a read pulse then 8 conversions per ADC."""
+    (layer,) = actions(CHIP)
+    components = ComponentsConfig()
+    cost = chip_cost([layer], CHIP, components)
+    parts = {part.component: part for part in cost.parts}
+    assert (layer.tiles, layer.input_slices, layer.weight_slices) == (3, 8, 2)
+    adcs, dacs = 3 * 3, 144
+    assert cost.area["adc"] == pytest.approx(adcs * parts["adc"].area)
+    assert cost.area["dac"] == pytest.approx(dacs * parts["dac"].area)
+    assert cost.area["cells"] == pytest.approx(layer.cells * 4 * 12 * (22e-9) ** 2)
+    read = max(parts["cells"].latency, parts["dac"].latency) + 8 * parts["adc"].latency
+    assert cost.latency == pytest.approx(SIDE * SIDE * 8 * read)
+    assert parts["adc"].latency == pytest.approx(1 / components.adc_rate)  # hwcomponents-adc: 1 / throughput
+    assert parts["dac"].model.endswith("IsaacDAC")  # dac_model=auto: ISAAC's 1-bit DAC for 1 bit a cycle
+    units = (
+        adcs * (parts["adc"].leak_power + parts["accumulator"].leak_power)
+        + 16 * parts["accumulator"].leak_power
+        + parts["requantizer"].leak_power
+    )
+    assert cost.energy["leakage"] == pytest.approx(units * cost.latency)
+
+
+def test_more_adc_bits_cost_more_and_a_wider_dac_changes_model() -> None:
+    devices = {bits: DeviceConfig(kind="cim", rows=64, adc_bits=bits) for bits in (4, 6, 8)}
+    costs = {bits: chip_cost(actions(device), device, ComponentsConfig()) for bits, device in devices.items()}
+    assert costs[4].energy["adc"] < costs[6].energy["adc"] < costs[8].energy["adc"]
+    assert costs[4].area["adc"] < costs[8].area["adc"]
+    dacs = {part.model for part in costs[8].parts if part.component == "dac"}
+    assert dacs == {"hwcomponents_library.library.brahms.BrahmsDAC"}  # auto: Brahms' 8-bit DAC at 8 bits
+
+
+def test_the_integer_device_is_digital_macs() -> None:
+    device = DeviceConfig(kind="integer")
+    (layer,) = actions(device)
+    cost = chip_cost([layer], device, ComponentsConfig(mac_units=32))
+    parts = {part.component: part for part in cost.parts}
+    assert parts["mac"].model.endswith("AladdinIntMAC")
+    assert cost.energy["mac"] == pytest.approx(layer.macs * parts["mac"].energy)
+    assert cost.energy["adc"] == cost.energy["cells"] == 0.0 == cost.area["cells"]
+    assert cost.latency == pytest.approx(math.ceil(layer.macs / 32) * parts["mac"].latency)
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"kind": "cacti"}, r"components='cacti': expected one of hwcomponents, none"),
+        ({"tech_node_nm": 3}, r"components.tech_node_nm=3: expected 7..130 nm"),
+        ({"tech_node_nm": math.nan}, r"components.tech_node_nm=nan"),
+        ({"cell": "eflash"}, r"components.cell='eflash': expected one of rram"),
+        ({"adc_model": "flash"}, r"components.adc_model='flash': expected one of murmann, isaac"),
+        ({"adc_rate": 0}, r"components.adc_rate=0: expected samples per second"),
+        ({"adc_rate": 1e11}, r"components.adc_rate=1e\+11"),
+        ({"columns_per_adc": 0}, r"components.columns_per_adc=0"),
+        ({"dac_model": "r2r"}, r"components.dac_model='r2r': expected one of auto, isaac, brahms"),
+        ({"mac_units": 0}, r"components.mac_units=0"),
+        ({"vector_lanes": 0}, r"components.vector_lanes=0"),
+    ],
+)
+def test_bad_settings_are_refused_by_name(settings: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        ComponentsConfig(**settings)
+
+
+def test_designs_no_model_covers_say_why() -> None:
+    components = ComponentsConfig()
+    assert uncovered(components, DeviceConfig(kind="cim", adc_bits=4)) is None
+    assert uncovered(components, DeviceConfig(kind="integer")) is None
+    assert "device.adc_bits=null is an ideal readout" in uncovered(components, DeviceConfig(kind="cim"))
+    three = DeviceConfig(kind="cim", adc_bits=3)
+    assert "device.adc_bits=3 is outside hwcomponents-adc's range (4..20 bits" in uncovered(components, three)
+    assert uncovered(ComponentsConfig(adc_model="isaac"), three) is None
+    assert uncovered(ComponentsConfig(kind="none"), three) is None
+
+
+def test_a_required_cost_is_refused_before_any_work_and_an_optional_one_is_not() -> None:
+    with pytest.raises(ConfigError, match=r"components.required=true: device.adc_bits=3 is outside"):
+        quant_spec(composed("device=cim", "device.adc_bits=3", "components.required=true"))
+    quant_spec(composed("device=cim", "device.adc_bits=3"))  # goes on; the run is tagged device.cost_skipped
+    with pytest.raises(ConfigError, match=r"components.tech_node_nm=500"):
+        quant_spec(composed("device=integer", "components.tech_node_nm=500"))
+
+
+def test_the_library_loads_without_neurosim() -> None:
+    """hwcomponents-library's package does not import without hwcomponents_neurosim; its permissive modules
+    do (resnet8ptq/components/models.py)."""
+    assert _model_class("hwcomponents_library.library.isaac.IsaacADC").__name__ == "IsaacADC"
+    assert _model_class("hwcomponents_library.library.misc.Wire").__name__ == "Wire"
