@@ -481,8 +481,46 @@ def _(axis_x, axis_y, device_axes, ex, experiment_id, mo, sweep_pick, sweep_tabl
 
 
 @app.cell
-def _(compare_view, layer_view, mo, sweep_view):
-    mo.ui.tabs({"Layers": layer_view, "Two runs": compare_view, "Sweep maps": sweep_view})
+def _(ex, go, make_subplots, mo, sweep_table):
+    def _chips():
+        if sweep_table is None or sweep_table.empty or sweep_table["device_energy_uj"].isna().all():
+            return mo.md("No device run of this sweep had its chip costed (`components`, docs/chip_cost.md).")
+        _figure = make_subplots(rows=1, cols=len(ex.CHIP_COSTS), subplot_titles=list(ex.CHIP_COSTS.values()))
+        for _col, _cost in enumerate(ex.CHIP_COSTS, start=1):
+            _chip = ex.chip_frontier(sweep_table, _cost)
+            _front = _chip[_chip["on_front"]]
+            _figure.add_trace(
+                go.Scatter(
+                    x=_chip[_cost], y=_chip["accuracy_device_pct"], mode="markers", text=_chip["run_name"],
+                    hovertemplate="%{text}<br>%{x:.3g}, %{y:.2f} %<extra></extra>", showlegend=False,
+                ),
+                row=1, col=_col,
+            )  # fmt: skip
+            _figure.add_trace(
+                go.Scatter(
+                    x=_front[_cost], y=_front["accuracy_device_pct"], mode="lines+markers",
+                    marker={"size": 14, "symbol": "circle-open", "color": "red"}, line={"dash": "dash"},
+                    name="Pareto front", text=_front["run_name"], showlegend=_col == 1,
+                    hovertemplate="%{text}<br>%{x:.3g}, %{y:.2f} %<extra></extra>",
+                ),
+                row=1, col=_col,
+            )  # fmt: skip
+            _figure.update_xaxes(title_text=ex.CHIP_COSTS[_cost], row=1, col=_col)
+        _figure.update_yaxes(title_text="accuracy on the device (%)", row=1, col=1)
+        _figure.update_layout(height=420, margin={"t": 40})
+        return mo.vstack(
+            [mo.md("### The chip: accuracy against its cost (the Pareto front ringed)"), _figure]
+        )
+
+    chip_view = _chips()
+    return (chip_view,)
+
+
+@app.cell
+def _(chip_view, compare_view, layer_view, mo, sweep_view):
+    mo.ui.tabs(
+        {"Layers": layer_view, "Two runs": compare_view, "Sweep maps": mo.vstack([sweep_view, chip_view])}
+    )
     return
 
 

@@ -21,10 +21,12 @@ from resnet8ptq.explore.layers import (
     weight_range,
 )
 from resnet8ptq.explore.maps import (
+    CHIP_COSTS,
     Cell,
     Map,
     accuracy_maps,
     cell_color,
+    chip_frontier,
     fixed,
     map_html,
     varying,
@@ -64,6 +66,7 @@ from resnet8ptq.explore.store import (
 
 __all__ = [
     "BITS_GROUP",
+    "CHIP_COSTS",
     "DEFAULT_EXPERIMENT",
     "DEFAULT_TRACKING_URI",
     "DEFAULT_UI",
@@ -81,6 +84,7 @@ __all__ = [
     "artifact",
     "backend_class",
     "cell_color",
+    "chip_frontier",
     "class_accuracy",
     "client_for",
     "clipped_share",

@@ -140,3 +140,18 @@ def map_html(grid: Map, link: Callable[[str], str], scale: float = 100.0, digits
         lines.append(f"<tr><th>{escape(_shown(r))}</th>{''.join(cells)}</tr>")
     lines.append("</table>")
     return "\n".join(lines)
+
+
+CHIP_COSTS = {"device_energy_uj": "energy per inference (µJ)", "device_area_mm2": "the chip's area (mm²)"}
+"""A costed chip's figures the explorer draws accuracy against (resnet8ptq/components/)."""
+
+
+def chip_frontier(table: pd.DataFrame, cost: str) -> pd.DataFrame:
+    """The device runs whose chip was costed (``cost``, one of :data:`CHIP_COSTS`, logged), cheapest first,
+    with ``on_front``: on the Pareto front of accuracy on the device against ``cost``, as the report marks
+    it."""
+    from resnet8ptq.report.analysis import pareto_front
+
+    chips = table[table[cost].notna() & table["accuracy_device"].notna()].sort_values(cost, kind="stable")
+    front = pareto_front(chips[cost].to_numpy(), chips["accuracy_device"].to_numpy(), minimize_x=True)
+    return chips.assign(on_front=front).reset_index(drop=True)

@@ -15,6 +15,11 @@ OBJECTIVES = {
     "model_size_bytes": "minimize",
     "throughput_img_s": "maximize",
     "latency_ms_b1": "minimize",
+    # device runs (device=integer|cim): the accuracy on the device and what its chip costs (components)
+    "accuracy_device": "maximize",
+    "device_energy_uj": "minimize",
+    "device_area_mm2": "minimize",
+    "device_latency_us": "minimize",
 }
 """The metrics a search may optimise (as the runs log them) and the direction each is optimised in."""
 

@@ -7,18 +7,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from omegaconf import DictConfig
-
 from resnet8ptq import records
-from resnet8ptq.backends.base import Backend
-from resnet8ptq.device.config import DeviceConfig
 from resnet8ptq.evaluate import Evaluated
 from resnet8ptq.evaluation_cache import EvaluationCache
 from resnet8ptq.execution import evaluate_quantized
 from resnet8ptq.inputs import RunInputs
-from resnet8ptq.mcu.config import McuConfig
 from resnet8ptq.records import RunContext, model_record
+from resnet8ptq.resolve import Plan
 from resnet8ptq.stages import RunRecord, Stage
+from resnet8ptq.stages.costs import chip_costs
 from resnet8ptq.stages.device import on_device
 from resnet8ptq.stages.mcu import on_mcu
 from resnet8ptq.tracking.runs import first_in_sweep
@@ -30,7 +27,7 @@ class PublishedStage(Stage):
 
     def run(self, inputs: RunInputs, record: RunRecord) -> None:
         plan = record.plan
-        log_published_once(plan.cfg, record["fp32"].context, plan.backend, inputs, plan.mcu, plan.device)
+        log_published_once(plan, record["fp32"].context, inputs)
 
     def log(self, inputs: RunInputs, record: RunRecord, result: None) -> None:
         """Nothing on this run: each published model is a run of its own, logged when it was evaluated."""
@@ -39,17 +36,12 @@ class PublishedStage(Stage):
 STAGE = PublishedStage()
 
 
-def log_published_once(
-    cfg: DictConfig,
-    context: RunContext,
-    backend: Backend,
-    inputs: RunInputs,
-    mcu: McuConfig,
-    device: DeviceConfig,
-) -> None:
+def log_published_once(plan: Plan, context: RunContext, inputs: RunInputs) -> None:
     """Evaluate each quantized model published for the backend's format (:meth:`Backend.published_models`)
-    on the test set like the backend's own (on the microcontroller path and the run's ``device`` too), and
-    log it as a run of its own, once per sweep (on the device of the sweep's run that logs it first)."""
+    on the test set like the backend's own (on the microcontroller path and the run's device too, its chip
+    costed), and log it as a run of its own, once per sweep (on the device of the sweep's run that logs it
+    first)."""
+    cfg, backend, mcu, device = plan.cfg, plan.backend, plan.mcu, plan.device
     kept = EvaluationCache.of(backend, Path(cfg.cache_dir), inputs.test_set_digest).measured
     for name, published in backend.published_models(Path(cfg.cache_dir)).items():
         with first_in_sweep(context.experiment_id, **{records.REFERENCE_TAG: name}) as first:
@@ -65,6 +57,9 @@ def log_published_once(
             device_result = on_device(
                 device, backend, Evaluated(f"{name} (published)", published.path, result.reference), inputs
             )
-            records.log_published(
-                context, records.Published(name, published, result, on_mcu_result, device_result), model
-            )
+            costs = None
+            if device_result is not None and plan.components.enabled:
+                actions, out = device_result.result.actions, context.output_dir / f"published-{name}"
+                costs = chip_costs(f"{name} (published)", actions, device, plan.components, out)
+            evaluated = records.Published(name, published, result, on_mcu_result, device_result, costs)
+            records.log_published(context, evaluated, model)

@@ -41,10 +41,10 @@ RESULT_KEYS = (
 DEVICE_ONLY = ("components",)
 """Keys under RESULT_KEYS that decide only a device run's result (what its chip costs): a run without a
 device is hashed without them, so that earlier runs keep their config_hash."""
-NOT_RESULT = ("device.batch_size", "algo.reuse")
+NOT_RESULT = ("device.batch_size", "algo.reuse", "components.required")
 """Keys under RESULT_KEYS that change how a run computes, not what it gives (memory per step: a noisy
 crossbar draws its read noise per image, whatever the batch; whether the algorithms' output may come from an
-earlier run's)."""
+earlier run's; whether a design no component model covers is refused or run uncosted)."""
 
 
 GROUP_CHOICES = ("backend", "dtype", "calib", "algo", "device", "components")

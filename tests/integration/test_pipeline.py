@@ -401,7 +401,7 @@ def test_lean_run_skips_the_mlflow_models_and_the_layer_analysis(
 
 def test_the_added_stage_runs_in_its_order_and_logs_its_result(lean_run: tuple[Path, dict]) -> None:
     found = lean_run[1]
-    assert found["stages"] == ["fp32", "published", "quantize", "layers", "device", "toy", "mcu"]
+    assert found["stages"] == ["fp32", "published", "quantize", "layers", "device", "costs", "toy", "mcu"]
     assert found["metric"] == pytest.approx(found["airplane_share"]) and 0 < found["metric"] < 1
     assert found["tag"] == "10000"
     assert not found["fp32_has_it"]  # the FP32 baseline's run is not a stage's run

@@ -189,6 +189,22 @@ def test_designs_no_model_covers_say_why() -> None:
     assert uncovered(ComponentsConfig(kind="none"), three) is None
 
 
+def test_without_the_component_packages_a_run_says_how_to_install_them(monkeypatch) -> None:
+    """Python 3.11 (hwcomponents needs 3.12) or an install without them: the reason names what is missing
+    and the install command."""
+    import importlib.util
+
+    from resnet8ptq.components import config
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        config.importlib.util, "find_spec", lambda name: None if name == "hwcomponents_adc" else real(name)
+    )
+    reason = uncovered(ComponentsConfig(), DeviceConfig(kind="integer"))
+    assert reason.startswith("the component models are not installed: hwcomponents_adc")
+    assert "pip install hwcomponents==1.0.114 hwcomponents-adc==1.0.21" in reason
+
+
 def test_a_required_cost_is_refused_before_any_work_and_an_optional_one_is_not() -> None:
     with pytest.raises(ConfigError, match=r"components.required=true: device.adc_bits=3 is outside"):
         quant_spec(composed("device=cim", "device.adc_bits=3", "components.required=true"))
@@ -202,3 +218,23 @@ def test_the_library_loads_without_neurosim() -> None:
     do (resnet8ptq/components/models.py)."""
     assert _model_class("hwcomponents_library.library.isaac.IsaacADC").__name__ == "IsaacADC"
     assert _model_class("hwcomponents_library.library.misc.Wire").__name__ == "Wire"
+
+
+def test_the_chip_search_is_nsga2_over_the_chips_grid() -> None:
+    """`+experiment=chip_search`: Optuna's NSGA-II over rows and ADC bits of a crossbar, accuracy on the
+    device up and energy per inference down, each design costed or refused before any work."""
+    from omegaconf import OmegaConf
+
+    from resnet8ptq.search.objectives import directions, objective_values
+
+    cfg = composed("+experiment=chip_search")
+    sweeper = cfg.hydra.sweeper
+    assert sweeper.sampler._target_ == "optuna.samplers.NSGAIISampler" and sweeper.sampler.seed == 42
+    assert list(cfg.search.objectives) == ["accuracy_device", "device_energy_uj"]
+    assert OmegaConf.to_container(sweeper, resolve=True)["direction"] == ["maximize", "minimize"]
+    assert dict(sweeper.params) == {"device.rows": "choice(64,128,256)", "device.adc_bits": "choice(4,5,6,8)"}
+    assert (cfg.device.kind, cfg.components.required, cfg.per_channel) == ("cim", True, True)
+    quant_spec(cfg)
+    assert directions(["device_area_mm2", "device_latency_us"]) == ["minimize", "minimize"]
+    logged = {"accuracy_device": 0.86, "device_energy_uj": 1.07}
+    assert objective_values(logged, ["accuracy_device", "device_energy_uj"], "run") == [0.86, 1.07]

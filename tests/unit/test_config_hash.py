@@ -122,3 +122,22 @@ def test_device_aware_learning_quantizes_per_crossbar_it_learns_against() -> Non
     assert key(noisy, four, "device.weight_noise=0.1", "device.read_noise=0.1") == key(
         noisy, four, "device.weight_noise=0.1"
     )  # a read's effects are not drawn while learning
+
+
+def test_the_chip_cost_settings_count_for_device_runs_only() -> None:
+    """What a chip costs is part of a device run's result (a run costed at another node is not reused), of no
+    other run's: runs without a device keep the config_hash they had before the `components` group came.
+    Whether an uncovered design is refused or run uncosted (`components.required`) changes nothing logged."""
+    integer = params("device=integer")
+    assert config_hash(params("device=integer", "components.tech_node_nm=45"), IDENTITY) != config_hash(
+        integer, IDENTITY
+    )
+    assert config_hash(params("device=integer", "components=none"), IDENTITY) != config_hash(
+        integer, IDENTITY
+    )
+    assert config_hash(params("device=integer", "components.required=true"), IDENTITY) == config_hash(
+        integer, IDENTITY
+    )
+    assert config_hash(params("components.tech_node_nm=45"), IDENTITY) == config_hash(params(), IDENTITY)
+    before = {k: v for k, v in params().items() if k != "components" and not k.startswith("components.")}
+    assert config_hash(before, IDENTITY) == config_hash(params(), IDENTITY)

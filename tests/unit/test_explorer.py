@@ -258,3 +258,19 @@ def test_thumbnail_is_a_png_scaled_up() -> None:
     image[0, 0] = (255, 0, 0)
     png = Image.open(io.BytesIO(ex.thumbnail(image, scale=3)))
     assert png.size == (96, 96) and png.getpixel((2, 2)) == (255, 0, 0) and png.getpixel((3, 3)) == (0, 0, 0)
+
+
+def test_the_chip_frontier_is_the_reports_pareto_front_of_costed_runs() -> None:
+    """Accuracy on the device against energy: the uncosted and the dominated runs are off the front."""
+    table = pd.DataFrame(
+        {
+            "run_name": ["a", "b", "c", "d", "ideal"],
+            "accuracy_device": [0.86, 0.82, 0.87, 0.85, 0.87],
+            "device_energy_uj": [1.0, 0.9, 1.9, 1.4, np.nan],
+            "device_area_mm2": [0.5, 0.4, 0.7, 0.6, np.nan],
+        }
+    )
+    chips = ex.chip_frontier(table, "device_energy_uj")
+    assert list(chips["run_name"]) == ["b", "a", "d", "c"]  # cheapest first, the uncosted one left out
+    assert list(chips["on_front"]) == [True, True, False, True]
+    assert set(ex.CHIP_COSTS) == {"device_energy_uj", "device_area_mm2"}
