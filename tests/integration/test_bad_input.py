@@ -115,8 +115,20 @@ def test_unreachable_tracking_server_fails_fast(run_cli, tmp_path: Path) -> None
             ("device=cim", "device.adc_bits=4", "device.adc_range=percentile", "device.adc_percentile=150"),
             "ConfigError: device.adc_percentile=150.0: expected a percentile in (0, 100].",
         ),
+        (
+            ("device=cim", "device.adc_bits=3", "components.required=true"),
+            "ConfigError: components.required=true: device.adc_bits=3 is outside hwcomponents-adc's range "
+            "(4..20 bits",
+        ),
     ],
-    ids=["calibration", "device-rows", "device-option-without-device", "device-cells", "adc-percentile"],
+    ids=[
+        "calibration",
+        "device-rows",
+        "device-option-without-device",
+        "device-cells",
+        "adc-percentile",
+        "chip-cost-adc-range",
+    ],
 )
 def test_bad_value_fails_before_the_run(
     run_cli, workdir: Path, overrides: tuple[str, ...], message: str
