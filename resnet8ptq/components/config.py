@@ -85,10 +85,10 @@ class ComponentsConfig:
     # the ADC's model: murmann (hwcomponents-adc, Murmann's ADC survey fit, >= 4 bits) | isaac
     # (hwcomponents-library IsaacADC: ISAAC's 8-bit 32 nm SAR ADC, scaled by 2^bits)
     adc_model: str = "murmann"
-    adc_rate: float = 1e8  # samples per second of one ADC (the issue's 100 MS/s; NeuroSim: one per cycle)
+    adc_rate: float = 1e8  # samples per second of one ADC (100 MS/s; its latency per conversion: 1 / rate)
     columns_per_adc: int = 8  # differential column pairs one ADC converts in turn (NeuroSim: numColMuxed 8)
-    # the row drivers: isaac (IsaacDAC: ISAAC's 1-bit DAC, 32 nm) | brahms (BrahmsDAC: 8-bit, 40 nm), both
-    # scaled by 2^bits from their own resolution | auto: isaac up to 4 bits per cycle, brahms above
+    # the row drivers: isaac (IsaacDAC: ISAAC's 1-bit DAC, 32 nm) | brahms (BrahmsDAC: BRAHMS' 8-bit DAC,
+    # 40 nm), both scaled by 2^bits from their own resolution | auto: isaac up to 4 bits a cycle, brahms above
     dac_model: str = "auto"
     mac_units: int = 128  # device=integer: digital MACs in parallel (hwcomponents-library AladdinIntMAC)
     vector_lanes: int = 16  # adders working in parallel on the residual adds and pooling

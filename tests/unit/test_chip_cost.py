@@ -238,3 +238,18 @@ def test_the_chip_search_is_nsga2_over_the_chips_grid() -> None:
     assert directions(["device_area_mm2", "device_latency_us"]) == ["minimize", "minimize"]
     logged = {"accuracy_device": 0.86, "device_energy_uj": 1.07}
     assert objective_values(logged, ["accuracy_device", "device_energy_uj"], "run") == [0.86, 1.07]
+
+
+def test_the_stage_tags_an_uncovered_design_and_writes_a_costed_ones_tables(tmp_path) -> None:
+    from resnet8ptq.stages.costs import chip_costs
+
+    skipped = chip_costs("ideal", [], DeviceConfig(kind="cim"), ComponentsConfig(), tmp_path / "a")
+    assert skipped.metrics == {} and skipped.files == ()
+    assert skipped.tags["device.cost_skipped"].startswith("device.adc_bits=null is an ideal readout")
+    costed = chip_costs("chip", actions(CHIP), CHIP, ComponentsConfig(), tmp_path / "b")
+    assert costed.tags["device.cost_model"].startswith("hwcomponents 1.0.114") and costed.metrics
+    assert [(folder, path.name) for folder, path in costed.files] == [
+        ("device", "costs.csv"),
+        ("device", "components.csv"),
+    ]
+    assert all(path.parent == tmp_path / "b" / "device" for _, path in costed.files)
