@@ -353,7 +353,9 @@ class CrossbarArithmetic(Arithmetic):
             return partial.round_()
         step, low, high = self.adc_columns(layer, tile, partial)
         code = partial.to(step.dtype).div_(step).round_()
-        return code.clamp_(low, high).mul_(step)
+        # clamped to each column's window: two broadcast passes are faster than clamp_ with tensor bounds
+        torch.maximum(code, low, out=code)
+        return torch.minimum(code, high, out=code).mul_(step)
 
     def adc_columns(
         self, layer: Conv, tile: int, partial: torch.Tensor
