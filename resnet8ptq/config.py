@@ -63,9 +63,7 @@ class ReportConfig:
 
     enabled: bool = True
     max_drop_points: float = 5.0  # configurations losing more accuracy (points vs FP32) are flagged
-    chip_drop_points: float = (
-        1.0  # the cheapest costed chip keeps its accuracy within this of the integer device
-    )
+    chip_drop_points: float = 1.0  # the cheapest costed chip: within this many points of the integer device
 
 
 @dataclass

@@ -306,7 +306,8 @@ class Published:
     result: QuantizedResult
     mcu: McuResult | None = None
     device: OnDevice | None = None
-    costs: Any = None  # its chip's costs on the device (a StageResult of resnet8ptq/stages/costs.py)
+    # its chip's costs: a resnet8ptq.stages.StageResult (not imported: the stages import this module)
+    costs: Any = None
 
 
 def log_published(context: RunContext, evaluated: Published, model: ModelRecord) -> None:
@@ -339,9 +340,7 @@ def log_published(context: RunContext, evaluated: Published, model: ModelRecord)
             here = replace(context, output_dir=evaluation_dir)
             log_device(here, run_id, device, result.reference.predictions)
         if evaluated.costs is not None:
-            log_metrics(run_id, dict(evaluated.costs.metrics))
-            set_tags(run_id, dict(evaluated.costs.tags))
-            log_artifacts(run_id, list(evaluated.costs.files))
+            evaluated.costs.log(run_id)
 
 
 def log_device(context: RunContext, run_id: str, device: OnDevice, reference_predictions: np.ndarray) -> None:

@@ -13,8 +13,13 @@ from dataclasses import dataclass
 from resnet8ptq.device.config import DeviceConfig
 
 KINDS = ("hwcomponents", "none")
-ADC_MODELS = ("murmann", "isaac")
-DAC_MODELS = ("auto", "isaac", "brahms")
+ADC_MODELS = {"murmann": "hwcomponents_adc.ADC", "isaac": "hwcomponents_library.library.isaac.IsaacADC"}
+DAC_MODELS = {
+    "isaac": "hwcomponents_library.library.isaac.IsaacDAC",
+    "brahms": "hwcomponents_library.library.brahms.BrahmsDAC",
+}
+"""Each ``components.adc_model`` / ``dac_model`` choice and the ``hwcomponents`` model class it names
+(``dac_model=auto`` picks one of the DACs)."""
 DAC_AUTO_BITS = 4
 """``dac_model=auto``: ISAAC's 1-bit DAC up to this many bits per cycle, Brahms' 8-bit DAC above (each model
 nearest the resolution it was measured at)."""
@@ -121,8 +126,8 @@ class ComponentsConfig:
                 f"components.columns_per_adc={self.columns_per_adc}: expected >= 1 column pair per ADC",
             ),
             (
-                self.dac_model in DAC_MODELS,
-                f"components.dac_model={self.dac_model!r}: expected one of {', '.join(DAC_MODELS)}",
+                self.dac_model in ("auto", *DAC_MODELS),
+                f"components.dac_model={self.dac_model!r}: expected one of auto, {', '.join(DAC_MODELS)}",
             ),
             (self.mac_units >= 1, f"components.mac_units={self.mac_units}: expected >= 1 MAC"),
             (self.vector_lanes >= 1, f"components.vector_lanes={self.vector_lanes}: expected >= 1 lane"),

@@ -40,11 +40,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, NamedTuple
 
-from resnet8ptq.components.config import AREAS, CELLS, COMPONENTS, ComponentsConfig
+from resnet8ptq.components.config import ADC_MODELS, AREAS, CELLS, COMPONENTS, DAC_MODELS, ComponentsConfig
 from resnet8ptq.components.models import Part, part, versions
-from resnet8ptq.device.actions import LayerActions
 from resnet8ptq.device.config import DeviceConfig
+
+if TYPE_CHECKING:  # resnet8ptq.device.actions imports torch; the costs need only its records
+    from resnet8ptq.device.actions import LayerActions
 
 WIRE_CAPACITANCE = 2e-10
 """F per metre of a row's or a column's wire: hwcomponents-library ``Wire``'s default (0.2 fF/µm)."""
@@ -54,11 +57,6 @@ MULTIPLIER = "hwcomponents_library.library.aladdin.AladdinMultiplier"
 ADDER = "hwcomponents_library.library.aladdin.AladdinAdder"
 WIRE = "hwcomponents_library.library.misc.Wire"
 CELL = "resnet8ptq.components.models.ResistiveCell"
-ADC_MODELS = {"murmann": "hwcomponents_adc.ADC", "isaac": "hwcomponents_library.library.isaac.IsaacADC"}
-DAC_MODELS = {
-    "isaac": "hwcomponents_library.library.isaac.IsaacDAC",
-    "brahms": "hwcomponents_library.library.brahms.BrahmsDAC",
-}
 
 
 @dataclass
@@ -83,7 +81,7 @@ class ChipCost:
         return sum(self.area.values())
 
     def metrics(self) -> dict[str, float]:
-        """The run's cost metrics (:data:`~resnet8ptq.components.config.METRICS`)."""
+        """The run's cost metrics (their names and meanings: resnet8ptq/tracking/schema.py)."""
         ops = 2 * self.macs  # a MAC is two operations (TOPS' convention)
         return {
             "device_energy_uj": self.total_energy * 1e6,
@@ -166,7 +164,7 @@ class _Pricing:
             row["mac"] = layer.macs * self.mac.energy
             row["latency"] = math.ceil(layer.macs / self.components.mac_units) * self.mac.latency
             return row
-        geometry = _Array(layer, self.device)
+        geometry = _array(layer, self.device)
         if math.isnan(layer.mean_input):
             raise ValueError(
                 f"{layer.layer}: no input statistics (device runs measure them on calibration images)"
@@ -207,7 +205,7 @@ class _Pricing:
         adcs = dacs = 0
         for layer in actions:
             if layer.kind in ("conv", "dense"):
-                geometry = _Array(layer, self.device)
+                geometry = _array(layer, self.device)
                 adcs += layer.arrays * geometry.adcs(self.components.columns_per_adc)
                 dacs += layer.terms * layer.column_groups  # every array's rows
                 area["cells"] += layer.cells * cell_area
@@ -218,8 +216,7 @@ class _Pricing:
         return area, sum(p.leak_power * n for p, n in units)
 
 
-@dataclass(frozen=True)
-class _Array:
+class _Array(NamedTuple):
     """One array of a conv/dense layer: its rows (the largest tile), its columns and the readings (column
     pairs of a weight slice) its ADCs convert per input slice."""
 
@@ -227,15 +224,16 @@ class _Array:
     columns: int
     readings: int
 
-    def __init__(self, layer: LayerActions, device: DeviceConfig) -> None:
-        pairs = layer.weight_slices * layer.outputs  # differential readings of the layer per tile
-        object.__setattr__(self, "rows", min(device.rows or layer.terms, layer.terms))
-        object.__setattr__(self, "readings", math.ceil(pairs / layer.column_groups))
-        object.__setattr__(self, "columns", 2 * self.readings)
-
     def adcs(self, columns_per_adc: int) -> int:
         """The array's ADCs: one per ``columns_per_adc`` readings."""
         return math.ceil(self.readings / columns_per_adc)
+
+
+def _array(layer: LayerActions, device: DeviceConfig) -> _Array:
+    """``layer``'s arrays on ``device``: the pair's two columns per reading of a weight slice and output,
+    spread over its column groups."""
+    readings = math.ceil(layer.weight_slices * layer.outputs / layer.column_groups)
+    return _Array(min(device.rows or layer.terms, layer.terms), 2 * readings, readings)
 
 
 def layer_table(cost: ChipCost) -> list[dict[str, object]]:

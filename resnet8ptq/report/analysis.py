@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 
 from resnet8ptq.data import CLASS_NAMES
-from resnet8ptq.report.runs import CLASS_METRIC, configured
+from resnet8ptq.report.runs import CLASS_METRIC, configured, without_device
 from resnet8ptq.statistics import significant
 
 SIZE_TOLERANCE = 0.01  # model sizes within 1% count as equal when picking the smallest
@@ -236,12 +236,12 @@ def costed(table: pd.DataFrame) -> pd.DataFrame:
     the device aside)."""
     runs = configured(table)
     runs = runs[runs["device_energy_uj"].notna()].copy()
-    runs["model"] = runs["config"].str.replace(r" @\S+$", "", regex=True)
+    runs["model"] = without_device(runs["config"])
     return runs
 
 
 def energy_references(runs: pd.DataFrame) -> tuple[tuple[str, float], ...]:
     """MLPerf Tiny's published systems, drawn on the accuracy-vs-energy trade-off (µJ)."""
-    if runs.empty or not np.isfinite(runs["device_energy_uj"]).any():
+    if runs.empty:
         return ()
     return tuple((f"{name}, MLPerf Tiny", energy) for name, energy in MLPERF_TINY)

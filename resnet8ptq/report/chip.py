@@ -12,7 +12,7 @@ from resnet8ptq.components.config import COMPONENTS
 from resnet8ptq.drawing import draw
 from resnet8ptq.report.analysis import chip_figures, costed, fmt, pareto_front
 from resnet8ptq.report.figures import CHIP_ENERGY_PNG, chip_energy_png
-from resnet8ptq.report.runs import configured
+from resnet8ptq.report.runs import configured, without_device
 from resnet8ptq.report.sections import Report, Table
 
 
@@ -21,7 +21,7 @@ def integer_accuracy(table: pd.DataFrame, model: str) -> tuple[float, str]:
     ``device=integer`` run in this report, else its reference accuracy (the same integer model in its
     toolchain's reference pass: a few predictions differ, docs/device.md)."""
     runs = configured(table)
-    models = runs["config"].str.replace(r" @\S+$", "", regex=True)
+    models = without_device(runs["config"])
     integer = runs[(models == model) & (runs["device"] == "int")]
     if len(integer):
         return float(integer["accuracy_pct"].max()), "its run on the integer device"

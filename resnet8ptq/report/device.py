@@ -8,7 +8,7 @@ import pandas as pd
 
 from resnet8ptq.drawing import draw
 from resnet8ptq.report.figures import DEVICE_NOISE_PNG, accuracy_map_png, device_curve_png
-from resnet8ptq.report.runs import DEVICE_SETTINGS, configured
+from resnet8ptq.report.runs import DEVICE_SETTINGS, configured, without_device
 from resnet8ptq.report.sections import Report, Table
 
 DEVICE_MAP_PNG = "report_device_map.png"
@@ -24,7 +24,7 @@ def device_section(report: Report) -> list[str]:
     runs = table[table["device"] != ""].copy()
     if runs.empty:
         return []
-    runs["model"] = runs["config"].str.replace(r" @\S+$", "", regex=True)
+    runs["model"] = without_device(runs["config"])
     rows = [
         [
             row.model,

@@ -10,6 +10,7 @@ from resnet8ptq.drawing import draw
 from resnet8ptq.mcu.config import KIB
 from resnet8ptq.report.analysis import pareto_front
 from resnet8ptq.report.figures import tradeoff_png
+from resnet8ptq.report.runs import without_device
 from resnet8ptq.report.sections import Report, Table
 
 MCU_PNG = "report_accuracy_vs_arena.png"
@@ -25,7 +26,7 @@ def deployability_section(report: Report) -> list[str]:
     table = report.table[report.table["quantized"]].copy()
     if table["accuracy_mcu"].isna().all():
         return []
-    table["model"] = table["label"].str.replace(r" @\S+$", "", regex=True)
+    table["model"] = without_device(table["label"])
     table = table.drop_duplicates("model")
     on_mcu = table[table["accuracy_mcu"].notna()]
     rows = []

@@ -304,6 +304,12 @@ def latest_per_config(frame: pd.DataFrame) -> tuple[pd.DataFrame, int]:
     return kept, len(finished) - len(latest)
 
 
+def without_device(names: pd.Series) -> pd.Series:
+    """Configurations' or labels' names without their device part (`` @cim-r128-adc4``): the quantized model
+    they ran, which a sweep's device runs share."""
+    return names.str.replace(r" @\S+$", "", regex=True)
+
+
 def comparison_table(frame: pd.DataFrame) -> pd.DataFrame:
     """Finished runs with the accuracy the report compares by (:func:`compared_accuracy`), size (KiB) and
     reduction; sorted.

@@ -38,6 +38,14 @@ class StageResult:
     tags: Mapping[str, str] = field(default_factory=dict)
     files: tuple[tuple[str, Path], ...] = ()
 
+    def log(self, run_id: str) -> None:
+        """Log the metrics, tags and files on run ``run_id``."""
+        from resnet8ptq.tracking.runs import log_artifacts, log_metrics, set_tags
+
+        log_metrics(run_id, dict(self.metrics))
+        set_tags(run_id, dict(self.tags))
+        log_artifacts(run_id, list(self.files))
+
 
 @dataclass
 class RunRecord:
@@ -76,13 +84,8 @@ class Stage:
 
     def log(self, inputs: RunInputs, record: RunRecord, result: Any) -> None:
         """Log ``result`` on the run (default: a :class:`StageResult`'s metrics, tags and files)."""
-        from resnet8ptq.tracking.runs import log_artifacts, log_metrics, set_tags
-
-        if result is None:
-            return
-        log_metrics(record.run_id, dict(result.metrics))
-        set_tags(record.run_id, dict(result.tags))
-        log_artifacts(record.run_id, list(result.files))
+        if result is not None:
+            result.log(record.run_id)
 
 
 def _found(modules: list[str]) -> tuple[Stage, ...]:
