@@ -70,6 +70,17 @@ CELLS = {
         "resistanceOn 6 kΩ, resistanceOff 150 x 6 kΩ, readVoltage 0.5 V, readPulseWidth 10 ns, "
         "4 F x 12 F); figures only, none of NeuroSim's code",
     ),
+    "isaac": Cell(
+        on_resistance=1333.0,
+        off_resistance=20e3,
+        read_voltage=0.2,
+        read_pulse=1e-9,
+        height=4,
+        width=4,
+        source="CiMLoop's ISAAC cell (mit-emze/cimloop workspace/models/memory_cells/"
+        "rram_isaac_isca_2016.cell.yaml: RRAM, 1333 Ω on, 20 kΩ off, 0.2 V read (from PRIME), "
+        "1 ns read pulse, 16 F² square); figures only",
+    ),
 }
 """The cells a chip's arrays can be made of (``components.cell``), each with its source."""
 
@@ -86,7 +97,8 @@ class ComponentsConfig:
     # work
     required: bool = False
     tech_node_nm: float = 22.0  # every component's technology node (hwcomponents scales 7..130 nm)
-    cell: str = "rram"  # the arrays' cells: CELLS (rram: NeuroSim V1.3's default 1T1R RRAM)
+    # the arrays' cells: CELLS (rram: NeuroSim V1.3's default 1T1R RRAM; isaac: CiMLoop's cell for ISAAC)
+    cell: str = "rram"
     # the ADC's model: murmann (hwcomponents-adc, Murmann's ADC survey fit, >= 4 bits) | isaac
     # (hwcomponents-library IsaacADC: ISAAC's 8-bit 32 nm SAR ADC, scaled by 2^bits)
     adc_model: str = "murmann"
