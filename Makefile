@@ -9,7 +9,7 @@ PROJECT := $(VENV)/.project-installed
 HOST ?= 127.0.0.1
 PORT ?= 5000
 
-.PHONY: setup sweep grid test test-fast lint report bench ui lock check-pythons clean
+.PHONY: setup sweep grid test test-fast lint report bench ui lock check-pythons clean neurosim
 
 setup: $(PROJECT)  ## create .venv with every dependency (exact versions from requirements.lock)
 
@@ -43,6 +43,9 @@ test: $(PROJECT)  ## the whole test suite (needs CIFAR-10 + model: RESNET8PTQ_AS
 
 test-fast: $(PROJECT)  ## the unit tier only: no data, no model, no subprocess (about 30 s)
 	$(BIN)/python -m pytest tests/unit
+
+neurosim: $(PROJECT)  ## opt-in: NeuroSim's ADC (CC BY-NC 4.0, non-commercial) for components.adc_model=neurosim
+	scripts/install-neurosim $(BIN)/python
 
 lint: $(PROJECT)
 	$(BIN)/ruff check .

@@ -13,7 +13,11 @@ from dataclasses import dataclass
 from resnet8ptq.device.config import DeviceConfig
 
 KINDS = ("hwcomponents", "none")
-ADC_MODELS = {"murmann": "hwcomponents_adc.ADC", "isaac": "hwcomponents_library.library.isaac.IsaacADC"}
+ADC_MODELS = {
+    "murmann": "hwcomponents_adc.ADC",
+    "isaac": "hwcomponents_library.library.isaac.IsaacADC",
+    "neurosim": "resnet8ptq.components.models.NeuroSimADC",  # hwcomponents-neurosim's ADC, an opt-in
+}
 DAC_MODELS = {
     "isaac": "hwcomponents_library.library.isaac.IsaacDAC",
     "brahms": "hwcomponents_library.library.brahms.BrahmsDAC",
@@ -31,6 +35,13 @@ MURMANN_BITS = (4, 20)
 figure of merit per ENOB ends at 20)."""
 MURMANN_MAX_RATE = 1e10
 """hwcomponents-adc's largest sample rate (its fit's ``frequency (Hz)`` maximum, e^23.03)."""
+NEUROSIM_BITS = (1, 16)
+"""The resolutions ``components.adc_model=neurosim`` is offered at (NeuroSim's sense amplifier: 1-16)."""
+NEUROSIM = (
+    "components.adc_model=neurosim is an opt-in: hwcomponents-neurosim 1.0.43 carries NeuroSim V1.3's code, "
+    "licensed CC BY-NC 4.0 (non-commercial use only); `make neurosim` installs it into .venv and builds "
+    "NeuroSim from its sources where its binary does not run (it needs glibc 2.38)"
+)
 PACKAGES = ("hwcomponents", "hwcomponents_adc", "hwcomponents_library")
 """The permissively licensed (MIT) component packages the costs need (Python >= 3.12)."""
 
@@ -100,7 +111,8 @@ class ComponentsConfig:
     # the arrays' cells: CELLS (rram: NeuroSim V1.3's default 1T1R RRAM; isaac: CiMLoop's cell for ISAAC)
     cell: str = "rram"
     # the ADC's model: murmann (hwcomponents-adc, Murmann's ADC survey fit, >= 4 bits) | isaac
-    # (hwcomponents-library IsaacADC: ISAAC's 8-bit 32 nm SAR ADC, scaled by 2^bits)
+    # (hwcomponents-library IsaacADC: ISAAC's 8-bit 32 nm SAR ADC, scaled by 2^bits) | neurosim (an opt-in,
+    # CC BY-NC 4.0: hwcomponents-neurosim's ADC, NeuroSim V1.3's flash sense amplifier, 1..16 bits)
     adc_model: str = "murmann"
     adc_rate: float = 1e8  # samples per second of one ADC (100 MS/s; its latency per conversion: 1 / rate)
     columns_per_adc: int = 8  # differential column pairs one ADC converts in turn (NeuroSim: numColMuxed 8)
@@ -180,10 +192,30 @@ def uncovered(components: ComponentsConfig, device: DeviceConfig) -> str | None:
             "device.adc_bits=null is an ideal readout, which no ADC model costs; set device.adc_bits "
             f"({MURMANN_BITS[0]}..{MURMANN_BITS[1]} with components.adc_model=murmann)"
         )
+    if components.adc_model == "neurosim":
+        return _neurosim_uncovered(components, device.adc_bits)
     low, high = MURMANN_BITS
     if components.adc_model == "murmann" and not low <= device.adc_bits <= high:
         return (
             f"device.adc_bits={device.adc_bits} is outside hwcomponents-adc's range ({low}..{high} bits: "
-            "components.adc_model=murmann); components.adc_model=isaac scales ISAAC's ADC to any resolution"
+            "components.adc_model=murmann); components.adc_model=isaac scales ISAAC's ADC to any resolution, "
+            "components.adc_model=neurosim (an opt-in) answers 1..16 bits"
         )
+    return None
+
+
+def _neurosim_uncovered(components: ComponentsConfig, adc_bits: int) -> str | None:
+    """Why NeuroSim's ADC cannot cost ``adc_bits`` (None: it can): not installed, its binary not running,
+    a resolution outside :data:`NEUROSIM_BITS`."""
+    low, high = NEUROSIM_BITS
+    if not low <= adc_bits <= high:
+        return f"device.adc_bits={adc_bits} is outside NeuroSim's ADC range ({low}..{high} bits)"
+    if importlib.util.find_spec("hwcomponents_neurosim") is None:
+        return f"hwcomponents-neurosim is not installed; {NEUROSIM}"
+    from resnet8ptq.components.models import neurosim_adc_class
+
+    try:
+        neurosim_adc_class()(tech_node=components.tech_node, resolution=adc_bits, rate=components.adc_rate)
+    except Exception as err:  # NeuroSim's binary fails as an Exception naming its log
+        return f"hwcomponents-neurosim does not answer ({str(err).splitlines()[0][:200]}); {NEUROSIM}"
     return None

@@ -104,7 +104,8 @@ def chip_cost(actions: list[LayerActions], device: DeviceConfig, components: Com
     area, leak_power = pricing.area(actions)
     energy["leakage"] = leak_power * latency
     parts = sorted(set(pricing.used), key=lambda p: (p.component, p.attributes))
-    source = f"{versions()}; {components.tech_node_nm:g} nm; cell {components.cell}"
+    neurosim = components.adc_model == "neurosim" and device.kind == "cim"
+    source = f"{versions(neurosim)}; {components.tech_node_nm:g} nm; cell {components.cell}"
     macs = sum(layer.macs for layer in actions)
     return ChipCost(energy, layers, latency, area, macs, parts, source)
 
@@ -124,7 +125,10 @@ class _Pricing:
         )
         if device.kind == "cim":
             bits = device.adc_bits
-            adc = {"murmann": {"n_bits": bits, "throughput": components.adc_rate, "n_adcs": 1}}
+            adc = {
+                "murmann": {"n_bits": bits, "throughput": components.adc_rate, "n_adcs": 1},
+                "neurosim": {"resolution": bits, "rate": components.adc_rate},
+            }
             self.adc = self._part(
                 "adc", ADC_MODELS[components.adc_model], "convert",
                 tech_node=self.node, **adc.get(components.adc_model, {"resolution": bits}),

@@ -164,7 +164,7 @@ def test_the_integer_device_is_digital_macs() -> None:
         ({"tech_node_nm": 3}, r"components.tech_node_nm=3: expected 7..130 nm"),
         ({"tech_node_nm": math.nan}, r"components.tech_node_nm=nan"),
         ({"cell": "eflash"}, r"components.cell='eflash': expected one of rram"),
-        ({"adc_model": "flash"}, r"components.adc_model='flash': expected one of murmann, isaac"),
+        ({"adc_model": "flash"}, r"components.adc_model='flash': expected one of murmann, isaac, neurosim"),
         ({"adc_rate": 0}, r"components.adc_rate=0: expected samples per second"),
         ({"adc_rate": 1e11}, r"components.adc_rate=1e\+11"),
         ({"columns_per_adc": 0}, r"components.columns_per_adc=0"),
@@ -203,6 +203,75 @@ def test_without_the_component_packages_a_run_says_how_to_install_them(monkeypat
     reason = uncovered(ComponentsConfig(), DeviceConfig(kind="integer"))
     assert reason.startswith("the component models are not installed: hwcomponents_adc")
     assert "pip install hwcomponents==1.0.114 hwcomponents-adc==1.0.21" in reason
+
+
+def test_neurosims_adc_is_an_opt_in_that_says_its_licence_and_how_to_install_it(monkeypatch) -> None:
+    """components.adc_model=neurosim without hwcomponents-neurosim, or with its binary failing (glibc 2.38):
+    the reason names the licence and `make neurosim`; outside 1..16 bits, NeuroSim's range."""
+    import importlib.util
+
+    from resnet8ptq.components import config, models
+
+    neurosim, four = ComponentsConfig(adc_model="neurosim"), DeviceConfig(kind="cim", adc_bits=4)
+    assert "outside NeuroSim's ADC range (1..16 bits)" in uncovered(
+        neurosim, DeviceConfig(kind="cim", adc_bits=17)
+    )
+    real = importlib.util.find_spec
+    with monkeypatch.context() as patched:
+        patched.setattr(
+            config.importlib.util,
+            "find_spec",
+            lambda name: None if name == "hwcomponents_neurosim" else real(name),
+        )
+        reason = uncovered(neurosim, four)
+    assert reason.startswith(
+        "hwcomponents-neurosim is not installed; components.adc_model=neurosim is an opt-in"
+    )
+    assert "CC BY-NC 4.0 (non-commercial use only); `make neurosim` installs it" in reason
+
+    def failing() -> type:
+        class Failing:
+            def __init__(self, **_: object) -> None:
+                raise ValueError("NeuroSIM returned error code 1")
+
+        return Failing
+
+    monkeypatch.setattr(
+        config.importlib.util,
+        "find_spec",
+        lambda name: object() if name == "hwcomponents_neurosim" else real(name),
+    )
+    monkeypatch.setattr(models, "neurosim_adc_class", failing)
+    reason = uncovered(neurosim, four)
+    assert reason.startswith("hwcomponents-neurosim does not answer (NeuroSIM returned error code 1)")
+
+
+def test_neurosims_adc_is_its_own_answer_where_it_is_installed() -> None:
+    """Where `make neurosim` installed it (never in CI: CC BY-NC): a conversion is hwcomponents-neurosim's
+    ADC's, one ADC's area and leakage its array's over its ADCs, and a 2-bit chip (below hwcomponents-adc's
+    range) is costed."""
+    neurosim = pytest.importorskip("hwcomponents_neurosim")
+    from resnet8ptq.components.models import NEUROSIM_ARRAY, neurosim_adc_class
+
+    try:
+        ours = neurosim_adc_class()(tech_node=22e-9, resolution=5, rate=1e8)
+    except Exception as err:  # installed without its binary built
+        pytest.skip(f"hwcomponents-neurosim does not answer: {err}")
+    cell = f"{neurosim.__path__[0]}/cells/placeholder.cell"
+    theirs = neurosim.ADC(
+        tech_node=22e-9, cycle_period=1e-8, cell_config=cell, average_input_value=0.5, average_cell_value=0.5,
+        read_pulse_width=1e-8, adc_resolution=5, **NEUROSIM_ARRAY,
+    )  # fmt: skip
+    adcs = NEUROSIM_ARRAY["cols_active_at_once"]
+    assert ours.convert().energy == pytest.approx(theirs.read().energy, rel=1e-9)
+    assert ours.area == pytest.approx(theirs.area / adcs) and ours.leak_power == pytest.approx(
+        theirs.leak_power / adcs
+    )
+    two = DeviceConfig(kind="cim", rows=64, adc_bits=2, dac_bits=1)
+    components = ComponentsConfig(adc_model="neurosim")
+    assert uncovered(components, two) is None
+    cost = chip_cost(actions(two), two, components)
+    assert cost.energy["adc"] > 0 and "hwcomponents-neurosim 1.0.43" in cost.source
 
 
 def test_a_required_cost_is_refused_before_any_work_and_an_optional_one_is_not() -> None:
@@ -256,10 +325,11 @@ def test_the_stage_tags_an_uncovered_design_and_writes_a_costed_ones_tables(tmp_
 
 
 def test_isaacs_ima_rebuilt_on_its_own_settings() -> None:
-    """ISAAC's IMA (resnet8ptq/components/isaac.py): the published components add up to the paper's IMA (289 mW
-    and 0.157 mm² for 12); ISAAC's own ADC, DAC and shift-add, priced at ISAAC's rates, give its table's power
-    within 10 % (hwcomponents-library prices them per action at 1.2 GHz, ISAAC runs its ADCs at 1.28 GS/s) and
-    its areas; the cells' power is the cell's figures by hand; hwcomponents-adc's ADC is an independent fit."""
+    """ISAAC's IMA (resnet8ptq/components/isaac.py): the published components add up to the paper's IMA
+    (289 mW and 0.157 mm² for 12); ISAAC's own ADC, DAC and shift-add, priced at ISAAC's rates, give its
+    table's power within 10 % (hwcomponents-library prices them per action at 1.2 GHz, ISAAC runs its ADCs at
+    1.28 GS/s) and its areas; the cells' power is the cell's figures by hand; hwcomponents-adc's ADC is an
+    independent fit."""
     from resnet8ptq.components import isaac
 
     published = list(isaac.PUBLISHED.values())
