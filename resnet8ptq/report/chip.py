@@ -63,7 +63,14 @@ def chip_section(report: Report, drop_points: float) -> list[str]:
 
 
 def _source_line(runs: pd.DataFrame) -> str:
-    models = sorted({tag for tag in runs.get("cost_model", pd.Series(dtype=str)).dropna() if tag})
+    """The section's first line: what is costed, and the component models (with how many runs each, where
+    the runs used several: the integer device asks no ADC model)."""
+    tags = runs.get("cost_model", pd.Series(dtype=str)).dropna()
+    counts = tags[tags != ""].value_counts().sort_index()
+    models = [
+        tag if len(counts) == 1 else f"{tag} ({count} run{'s' * (count > 1)})"
+        for tag, count in counts.items()
+    ]
     return (
         "Energy, latency and area of one inference on the chip each device run simulated, from its exact "
         "action counts and the Accelergy project's `hwcomponents` component models (docs/chip_cost.md); "
