@@ -16,7 +16,7 @@ KINDS = ("hwcomponents", "none")
 ADC_MODELS = {
     "murmann": "hwcomponents_adc.ADC",
     "isaac": "hwcomponents_library.library.isaac.IsaacADC",
-    "neurosim": "resnet8ptq.components.models.NeuroSimADC",  # hwcomponents-neurosim's ADC, an opt-in
+    "neurosim": "resnet8ptq.components.neurosim.NeuroSimADC",  # hwcomponents-neurosim's ADC, an opt-in
 }
 DAC_MODELS = {
     "isaac": "hwcomponents_library.library.isaac.IsaacDAC",
@@ -212,7 +212,7 @@ def _neurosim_uncovered(components: ComponentsConfig, adc_bits: int) -> str | No
         return f"device.adc_bits={adc_bits} is outside NeuroSim's ADC range ({low}..{high} bits)"
     if importlib.util.find_spec("hwcomponents_neurosim") is None:
         return f"hwcomponents-neurosim is not installed; {NEUROSIM}"
-    from resnet8ptq.components.models import neurosim_adc_class
+    from resnet8ptq.components.neurosim import neurosim_adc_class
 
     try:
         neurosim_adc_class()(tech_node=components.tech_node, resolution=adc_bits, rate=components.adc_rate)

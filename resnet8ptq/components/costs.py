@@ -104,8 +104,12 @@ def chip_cost(actions: list[LayerActions], device: DeviceConfig, components: Com
     area, leak_power = pricing.area(actions)
     energy["leakage"] = leak_power * latency
     parts = sorted(set(pricing.used), key=lambda p: (p.component, p.attributes))
-    neurosim = components.adc_model == "neurosim" and device.kind == "cim"
-    source = f"{versions(neurosim)}; {components.tech_node_nm:g} nm; cell {components.cell}"
+    cim = device.kind == "cim"
+    source = f"{versions(cim and components.adc_model == 'neurosim')}; {components.tech_node_nm:g} nm"
+    if cim:
+        source += (
+            f"; cell {components.cell}; ADC {components.adc_model}; DAC {components.dac(device.dac_bits)}"
+        )
     macs = sum(layer.macs for layer in actions)
     return ChipCost(energy, layers, latency, area, macs, parts, source)
 

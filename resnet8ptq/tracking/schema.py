@@ -138,7 +138,10 @@ TAGS = {
     "unsupported.<overrides>": "parent: a configuration the backend refused, with why",
     "device.<setting>": "the device's kind and, for cim, every crossbar setting",
     "device.chip": "the chip preset the device's settings came from (device/chip=pcm: conf/device/chip/)",
-    "device.cost_model": "device runs: the component models (packages, versions), technology node and cell",
+    "device.cost_model": (
+        "device runs: the component models (packages, versions), technology node and, on a crossbar, its "
+        "cell, ADC and DAC models"
+    ),
     "device.cost_skipped": "device runs not costed: why no component model covers the design",
     "device.source": "the integer form's reader: tflite, onnx-qdq, torch-pt2e",
     "device.quantization_run": "the run whose quantization a device run reuses",

@@ -210,7 +210,8 @@ def test_neurosims_adc_is_an_opt_in_that_says_its_licence_and_how_to_install_it(
     the reason names the licence and `make neurosim`; outside 1..16 bits, NeuroSim's range."""
     import importlib.util
 
-    from resnet8ptq.components import config, models
+    from resnet8ptq.components import config
+    from resnet8ptq.components import neurosim as module
 
     neurosim, four = ComponentsConfig(adc_model="neurosim"), DeviceConfig(kind="cim", adc_bits=4)
     assert "outside NeuroSim's ADC range (1..16 bits)" in uncovered(
@@ -241,7 +242,7 @@ def test_neurosims_adc_is_an_opt_in_that_says_its_licence_and_how_to_install_it(
         "find_spec",
         lambda name: object() if name == "hwcomponents_neurosim" else real(name),
     )
-    monkeypatch.setattr(models, "neurosim_adc_class", failing)
+    monkeypatch.setattr(module, "neurosim_adc_class", failing)
     reason = uncovered(neurosim, four)
     assert reason.startswith("hwcomponents-neurosim does not answer (NeuroSIM returned error code 1)")
 
@@ -251,7 +252,7 @@ def test_neurosims_adc_is_its_own_answer_where_it_is_installed() -> None:
     ADC's, one ADC's area and leakage its array's over its ADCs, and a 2-bit chip (below hwcomponents-adc's
     range) is costed."""
     neurosim = pytest.importorskip("hwcomponents_neurosim")
-    from resnet8ptq.components.models import NEUROSIM_ARRAY, neurosim_adc_class
+    from resnet8ptq.components.neurosim import NEUROSIM_ARRAY, neurosim_adc_class
 
     try:
         ours = neurosim_adc_class()(tech_node=22e-9, resolution=5, rate=1e8)
