@@ -33,12 +33,12 @@ MSE_STEPS = 100
 class CalibConfig:
     """The `calib` config group (`conf/calib/*.yaml`): a calibration method and its parameters, validated."""
 
-    method: str = MISSING
-    symmetric: bool = False
-    num_bins: int | None = None
-    num_quantized_bins: int | None = None
-    percentile: float | None = None
-    batch_size: int = 100
+    method: str = MISSING  # minmax | entropy | percentile | mse: how activation ranges are chosen
+    symmetric: bool = False  # activation ranges symmetric about zero
+    num_bins: int | None = None  # the histogram's bins (entropy, percentile, mse)
+    num_quantized_bins: int | None = None  # entropy: the quantized bins KL divergence compares against
+    percentile: float | None = None  # percentile: the share of values (0-100] the range keeps
+    batch_size: int = 100  # calibration images per forward pass
     weights: str = "minmax"  # conv/gemm weight ranges: their min/max, or `mse` (per-channel clipping)
 
     def __post_init__(self) -> None:

@@ -38,7 +38,7 @@ class DataConfig:
     $RESNET8PTQ_ASSETS points at an existing copy (which also holds ``models/pretrainedResnet.h5``)."""
 
     root: str = f"${{oc.env:{ASSETS_ENV},data}}"
-    download: bool = True
+    download: bool = True  # fetch CIFAR-10 (checksummed) where root lacks it; false: an error instead
     calib_per_class: int = 100  # calibration images per class, drawn from the TRAINING split
     seed: int = 42  # the calibration sample's draw (and AdaRound's batches)
 
@@ -52,7 +52,7 @@ class ModelConfig:
 @dataclass
 class MlflowConfig:
     tracking_uri: str | None = None  # null: MLflow's default (sqlite:///mlflow.db in the working directory)
-    experiment: str = "resnet8ptq"
+    experiment: str = "resnet8ptq"  # the MLflow experiment the runs go to
     register_as: str | None = None  # register the sweep's most accurate model under this name
     log_models: bool = True  # each run's model as an MLflow Model (false: the model file as an artifact only)
 
@@ -61,7 +61,7 @@ class MlflowConfig:
 class ReportConfig:
     """The comparison report written at the end of every run and sweep (:mod:`resnet8ptq.report`)."""
 
-    enabled: bool = True
+    enabled: bool = True  # write the report after every run and sweep
     max_drop_points: float = 5.0  # configurations losing more accuracy (points vs FP32) are flagged
     chip_drop_points: float = 1.0  # the cheapest costed chip: within this many points of the integer device
 

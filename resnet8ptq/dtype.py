@@ -22,10 +22,10 @@ class DtypeConfig:
     to 16 bits (uint16/int16 storage).
     """
 
-    activation: str = MISSING
-    weight: str = MISSING
-    activation_bits: int = 8
-    weight_bits: int = 8
+    activation: str = MISSING  # the activations' storage type and signedness: int8 | uint8 (QUANT_DTYPES)
+    weight: str = MISSING  # the weights' storage type and signedness: int8 | uint8
+    activation_bits: int = 8  # 4..8 narrow the stored range; 16: uint16/int16 storage
+    weight_bits: int = 8  # 2..8: e.g. 4 stores -7..7 in int8
     first_last_bits: int | None = None
     """The papers' convention (BRECQ, QDrop, ...): the first conv and the last dense layer, weights and the
     activations they read, at this width (null: like the other layers)."""

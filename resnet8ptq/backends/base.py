@@ -34,7 +34,7 @@ class BackendConfig:
     build the runtime's integer-kernel form. Subclasses add the backend's own options."""
 
     _target_: str = MISSING
-    native: bool = True
+    native: bool = True  # also build and evaluate the runtime's integer-kernel form (accuracy_native)
 
 
 @dataclass(frozen=True)

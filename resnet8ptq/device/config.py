@@ -144,7 +144,7 @@ class DeviceConfig(Crossbar):
     only ``cim`` may change them, so ``device=cim`` alone equals ``device=integer``) and how it is
     evaluated."""
 
-    kind: str = "none"
+    kind: str = "none"  # none | integer | cim: the `device` group's choice
     noise_seeds: int = 5  # noise draws a noisy device is evaluated over (mean, std, 95% interval)
     batch_size: int = 500  # images per step of the executor (memory, not results)
     bias_correction: bool = False  # take the crossbar's mean accumulator error out of each layer's bias

@@ -35,9 +35,9 @@ class McuConfig:
     weights in off-chip flash)."""
 
     enabled: bool = True
-    boards: dict[str, Board] = field(default_factory=dict)
-    runtime_ram_kib: float = 16.0
-    runtime_flash_kib: float = 128.0
+    boards: dict[str, Board] = field(default_factory=dict)  # the boards checked: the mcu/boards group
+    runtime_ram_kib: float = 16.0  # RAM allowed beyond the arena (runtime, stack, I/O): stated, not measured
+    runtime_flash_kib: float = 128.0  # flash allowed beyond the model (TFLM's code, the application)
     npu: str | None = "ethos-u55-128"
 
     def __post_init__(self) -> None:

@@ -34,13 +34,15 @@ class TargetConfig:
     (:mod:`resnet8ptq.search.budget`): ``max_bops`` (bit operations per image) and/or ``max_weight_bits``
     (weight memory in bits), each layer's width chosen from ``weight_choices``/``activation_choices``."""
 
-    max_drop_points: float | None = None
-    layers_per_step: int = 1
-    max_steps: int | None = None
-    max_bops: float | None = None
-    max_weight_bits: float | None = None
-    weight_choices: list[int] = field(default_factory=lambda: [2, 3, 4, 5, 6, 8])
-    activation_choices: list[int] = field(default_factory=lambda: [4, 5, 6, 8])
+    max_drop_points: float | None = None  # raise layers to 16 bits until the drop vs FP32 is this (points)
+    layers_per_step: int = 1  # layers raised per step
+    max_steps: int | None = None  # steps after the first run (null: until every layer is 16-bit)
+    max_bops: float | None = None  # a budget of bit operations per image (null: none)
+    max_weight_bits: float | None = None  # a budget of weight memory in bits (null: none)
+    weight_choices: list[int] = field(
+        default_factory=lambda: [2, 3, 4, 5, 6, 8]
+    )  # widths a budget picks from
+    activation_choices: list[int] = field(default_factory=lambda: [4, 5, 6, 8])  # the activations' widths
 
     def __post_init__(self) -> None:
         for name in ("max_bops", "max_weight_bits"):
