@@ -1,9 +1,9 @@
 """Accuracy on the crossbar over ADC settings, in one process: ONNX Runtime int8 per-channel MinMax quantized
 once, the calibration partial sums profiled once per crossbar layout (rows), every cell of the grid evaluated
-on the full test set (8-bit inputs at once, one 8-bit cell per weight, no noise: the settings docs/device.md
-maps). The same numbers as `python run.py -m backend=onnx dtype=int8 per_channel=true device=cim ...`
-gives cell by cell, without MLflow; worst_case and granular do not depend on the granularity or window and
-run once per (rows, bits).
+on the full test set (8-bit inputs at once, one 8-bit cell per weight, no noise: the settings
+docs/device_measured.md maps). The same numbers as
+`python run.py -m backend=onnx dtype=int8 per_channel=true device=cim ...` gives cell by cell, without
+MLflow; worst_case and granular do not depend on the granularity or window and run once per (rows, bits).
 
 Usage: RESNET8PTQ_ASSETS=../shared python bench/adc_map.py --rows 128 --bits 4,5,6 \
     --ranges max,percentile,mse --granularities layer,column [--windows asymmetric] [--steps pow2] \

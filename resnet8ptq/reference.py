@@ -227,7 +227,7 @@ def settings_page() -> str:
         "",
         "# Every setting",
         "",
-        "Each setting as a command line overrides it (`python run.py key=value`), its type, its default and",
+        "Each setting as a command line overrides it (`key=value` after `run.py`), its type, its default and",
         "what it is, from the comment beside its field in the code. A group's choice (`device=cim`) sets",
         "several at once; `python run.py --cfg job` prints the composed configuration. How to use them:",
         "[usage.md](../usage.md).",

@@ -4,7 +4,7 @@ learns against a 4-bit, 128-row crossbar; the device runs the learned model with
 learned steps are logged per column on the device's grid, and the run's export, read by NumPy alone,
 rebuilds its device predictions; a learning on noisy chips (`algo.device_noise=true`, issue 45 item 2) keeps
 an exact integer model and is named and tagged apart. Few iterations: this checks the plumbing and the
-arithmetic; the accuracy of the full learning is measured in docs/device.md."""
+arithmetic; the accuracy of the full learning is measured in docs/device_learning.md."""
 
 from __future__ import annotations
 
@@ -101,7 +101,7 @@ def test_the_export_rebuilds_the_learned_run(runs: tuple[Path, dict], data, tmp_
 def test_a_learning_on_noisy_chips_keeps_an_exact_integer_model(sweep_store) -> None:
     """The noise is drawn while learning, not written into the model: the learned model's exact accuracy
     stays that of an int8 model (≥ 86 %, 86.95 % plain), and on a chip with that noise it stays far above
-    chance (a plain model's 4-bit chips at σ 0.005: 79.8 ± 2.7 %, docs/device.md)."""
+    chance (a plain model's 4-bit chips at σ 0.005: 79.8 ± 2.7 %, docs/device_learning.md)."""
     _, (run,) = sweep_store("device-aware-noisy", *NOISY)
     assert run.info.status == "FINISHED"
     assert run.info.run_name.endswith("-brecq-aware-noisy-cim-r128-adc4-learned-n0.005")

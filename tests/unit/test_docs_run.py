@@ -23,7 +23,11 @@ import resnet8ptq.config  # noqa: F401  (registers base_config)
 from resnet8ptq.config import quant_spec
 
 REPO = Path(__file__).resolve().parents[2]
-PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+PAGES = [
+    REPO / "README.md",
+    *sorted((REPO / "docs").glob("*.md")),
+    *sorted((REPO / "docs" / "reference").glob("*.md")),
+]
 FENCE = re.compile(r"```[^\n]*\n(.*?)```", re.S)
 FLAGS = {"-m", "--multirun", "--help", "--cfg", "job"}
 ELIDED = re.compile(r"\.\.\.|\bARGS\b|@hydra\.main|=[A-Z]\b")
@@ -213,3 +217,19 @@ def test_every_setting_is_documented(compose_config) -> None:
         and not any(fnmatch.fnmatchcase(key, pattern) for pattern in patterns)
     ]
     assert missing == []
+
+
+README_LINES, PAGE_LINES = 200, 400
+"""Issue 64: the README a one-screen quick start with a table of contents, no page of docs/ a long read
+(the generated reports in docs/results/ and the generated reference aside: they list, not explain)."""
+
+
+def test_no_page_is_too_long() -> None:
+    long = [
+        f"{page.relative_to(REPO)}: {lines} lines"
+        for page in PAGES
+        if page.parent.name != "reference"
+        and (lines := len(page.read_text().splitlines()))
+        > (README_LINES if page.name == "README.md" else PAGE_LINES)
+    ]
+    assert long == [], f"README.md at most {README_LINES} lines, a page of docs/ at most {PAGE_LINES}"
