@@ -32,12 +32,14 @@ from resnet8ptq.backends.onnx.integer import integer_model  # noqa: E402
 from resnet8ptq.device.evaluate import adc_steps, arithmetic  # noqa: E402
 from resnet8ptq.device.executor import execute  # noqa: E402
 from resnet8ptq.hardware import detect  # noqa: E402
+from resnet8ptq.memory import keep_freed_memory  # noqa: E402
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
+    keep_freed_memory()  # as every run's process does (resnet8ptq/app.py): the same allocator as a run
     given = inputs()
     images, calibration = given.images, given.calibration
     with tempfile.TemporaryDirectory() as tmp:

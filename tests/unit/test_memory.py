@@ -9,7 +9,12 @@ from resnet8ptq import memory
 
 
 @pytest.mark.parametrize(
-    "variable", [("MALLOC_TOP_PAD_", "0"), ("GLIBC_TUNABLES", "glibc.malloc.trim_threshold=1000")]
+    "variable",
+    [
+        ("MALLOC_TOP_PAD_", "0"),
+        ("MALLOC_MMAP_THRESHOLD_", "65536"),
+        ("GLIBC_TUNABLES", "glibc.malloc.trim_threshold=1000"),
+    ],
 )
 def test_a_users_malloc_setting_is_left_alone(monkeypatch: pytest.MonkeyPatch, variable: tuple[str, str]):
     monkeypatch.setenv(*variable)
