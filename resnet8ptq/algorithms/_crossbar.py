@@ -25,7 +25,7 @@ the device calibrates on its ideal crossbar.
 **Noisy chips** (``algo.device_noise``): while a block learns, every iteration runs on a newly drawn chip,
 its cells through the crossbar's own cell effects (:mod:`resnet8ptq.device.effects`, ``program`` then
 ``perturb``: programming noise, stuck cells, drift or charge loss at ``device.t_inference``), with the
-layer's drift compensation (:func:`resnet8ptq.device.cim.drift_compensation`) where the crossbar has it: the
+layer's drift compensation (:func:`resnet8ptq.device.cells.drift_compensation`) where the crossbar has it: the
 noise injection of aihwkit's hardware-aware training, here after training, on the learned rounding and steps.
 The cells' change is added as a constant (the gradient reaches the weight as if the cell held it exactly).
 The chips come from a generator of each layer's own (seeded from the calibration seed and the layer's
@@ -48,7 +48,8 @@ import torch.nn.functional as F
 
 from resnet8ptq.device.adc import STEP_FRACTION_BITS, Geometry, LayerSteps, PartialSumProfile
 from resnet8ptq.device.adc_ranges import AdcRule, calibrated_steps
-from resnet8ptq.device.cim import drift_compensation, tile_sizes
+from resnet8ptq.device.cells import drift_compensation
+from resnet8ptq.device.cim import tile_sizes
 from resnet8ptq.device.effects import Site, configured
 
 if TYPE_CHECKING:

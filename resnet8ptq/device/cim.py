@@ -40,6 +40,7 @@ import numpy as np
 import torch
 
 from resnet8ptq.device.adc import Geometry, LayerSteps, PartialSumProfile
+from resnet8ptq.device.cells import cell_digits, drift_compensation
 from resnet8ptq.device.config import Crossbar
 from resnet8ptq.device.effects import STEPS, Effect, ReadStream, Site, Tile, configured
 from resnet8ptq.device.executor import EXACT_FLOAT32, Arithmetic, integer_conv2d, zero_pad
@@ -128,6 +129,8 @@ class CrossbarArithmetic(Arithmetic):
         self._place_of_row: dict[str, list[torch.Tensor]] = {}  # per tile: each row's place along it
         self._compensation: dict[str, float] = {}  # drift_compensation: the layer's digital scale
         self._adcs: dict[str, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = {}
+        self._pow2: dict[str, bool] = {}  # per layer: every ADC step a power of two
+        self._inverses: dict[tuple[str, int], torch.Tensor] = {}  # per (layer, tile): 1 / its steps
 
     def start_batch(self, first_image: int, images: int) -> None:
         """The read draws of the run's images ``first_image`` .. on: one generator per image."""
@@ -261,18 +264,25 @@ class CrossbarArithmetic(Arithmetic):
         sum_dtype = torch.float32 if integral and bound < EXACT_FLOAT32 else torch.float64
         x_significance = torch.tensor([2.0**xs for xs in x_shifts], dtype=sum_dtype, device=x.device)
         w_significance = torch.tensor([2.0**ws for ws in w_shifts], dtype=sum_dtype, device=x.device)
+        # Power-of-two steps, the same for every input slice: the codes are shifted and added over the input
+        # slices first and scaled by their column's step once, the same sum exactly (every term an integer
+        # times a power of two, below 2^24 in float32), on a tensor S_x times smaller.
+        deferred = len(x_shifts) > 1 and integral and self._pow2_steps(layer)
         acc, profiled = None, []
         for tile, (channels, weight) in enumerate(tiles):
             partial = self.read(layer, tile, padded[:, channels], weight)
             if self.profile is not None:
                 profiled.append(partial.clone())
-            read = self.convert(layer, tile, partial)
+            read = self.convert(layer, tile, partial, scaled=not deferred)
             # Shift and add the slices (powers of two: exact), input slices as one matrix-vector product.
             read = read.to(sum_dtype).reshape(len(x_shifts), n, len(w_shifts), outputs, *read.shape[2:])
             if len(x_shifts) > 1:
                 read = (x_significance @ read.reshape(len(x_shifts), -1)).reshape(read.shape[1:])
             else:
                 read = read[0]
+            if deferred:
+                step = self.adc_columns(layer, tile, partial)[0]
+                read = read.mul_(step.to(sum_dtype).reshape(1, len(w_shifts), outputs, 1, 1))
             if len(w_shifts) > 1:
                 column = torch.tensordot(w_significance, read, dims=([0], [1]))  # type: ignore[arg-type]
             else:
@@ -324,9 +334,9 @@ class CrossbarArithmetic(Arithmetic):
             partial = effect.apply(partial, self.crossbar, self._stream, site)
         return partial
 
-    def convert(self, layer: Conv, tile: int, partial: torch.Tensor) -> torch.Tensor:
+    def convert(self, layer: Conv, tile: int, partial: torch.Tensor, scaled: bool = True) -> torch.Tensor:
         """**Convert** one row tile's partial sums: every ``convert`` effect (the ADCs' own errors, on the
-        partial sums at their input), then the ADCs (:meth:`adc`)."""
+        partial sums at their input), then the ADCs (:meth:`adc`; ``scaled=False``: their codes)."""
         if self.effects["convert"]:
             step, low, high = (
                 self.adc_columns(layer, tile, partial) if self.crossbar.adc_bits else (None, None, None)
@@ -334,7 +344,17 @@ class CrossbarArithmetic(Arithmetic):
             site = Site(self.seed, layer.name, tile, adc_step=step, code_min=low, code_max=high)
             for effect in self.effects["convert"]:
                 partial = effect.apply(partial, self.crossbar, self._stream, site)
-        return self.adc(layer, tile, partial)
+        return self.adc(layer, tile, partial, scaled)
+
+    def _pow2_steps(self, layer: Conv) -> bool:
+        """Whether every ADC step of ``layer`` is a power of two (``adc_step=pow2``; a learned step may not
+        be): dividing by one is multiplying by its inverse, exactly."""
+        if self.crossbar.adc_bits is None:
+            return False
+        if layer.name not in self._pow2:
+            steps = self.adc_steps[layer.name].steps
+            self._pow2[layer.name] = bool(np.all(steps == np.exp2(np.round(np.log2(steps)))))
+        return self._pow2[layer.name]
 
     def adc_bound(self, layer: Conv, largest: float) -> tuple[float, bool]:
         """The largest |reading| of the layer's ADCs and whether every reading is an integer. An ideal ADC
@@ -345,17 +365,28 @@ class CrossbarArithmetic(Arithmetic):
         bound = float(np.max(np.maximum(np.abs(adcs.code_min), np.abs(adcs.code_max)) * adcs.steps))
         return bound, adcs.integral
 
-    def adc(self, layer: Conv, tile: int, partial: torch.Tensor) -> torch.Tensor:
+    def adc(self, layer: Conv, tile: int, partial: torch.Tensor, scaled: bool = True) -> torch.Tensor:
         """A tile's partial sums (Sx·N, Sw·O, H', W') as its ADCs read them, in place where it can: code =
-        round(p / step), half to even, clamped to the ADC's window of codes, times the step; an ideal ADC
-        rounds to an integer."""
+        round(p / step), half to even, clamped to the ADC's window of codes, times the step (``scaled=False``:
+        the codes); an ideal ADC rounds to an integer."""
         if self.crossbar.adc_bits is None:
             return partial.round_()
         step, low, high = self.adc_columns(layer, tile, partial)
-        code = partial.to(step.dtype).div_(step).round_()
+        code = partial.to(step.dtype)
+        if self._pow2_steps(layer):  # times the inverse of a power of two: the same quotient, faster
+            code = code.mul_(self._inverse_steps(layer, tile, step)).round_()
+        else:
+            code = code.div_(step).round_()
         # clamped to each column's window: two broadcast passes are faster than clamp_ with tensor bounds
         torch.maximum(code, low, out=code)
-        return torch.minimum(code, high, out=code).mul_(step)
+        code = torch.minimum(code, high, out=code)
+        return code.mul_(step) if scaled else code
+
+    def _inverse_steps(self, layer: Conv, tile: int, step: torch.Tensor) -> torch.Tensor:
+        key = (layer.name, tile)
+        if key not in self._inverses:
+            self._inverses[key] = torch.reciprocal(step)
+        return self._inverses[key]
 
     def adc_columns(
         self, layer: Conv, tile: int, partial: torch.Tensor
@@ -376,42 +407,6 @@ class CrossbarArithmetic(Arithmetic):
                 zip(per_column(adcs.steps), per_column(adcs.code_min), per_column(adcs.code_max), strict=True)
             )
         return self._adcs[layer.name][tile]
-
-
-CELL_FRACTION_BITS = 16
-"""Cells that are not integers (a noisy chip's: programming noise, drift, charge loss) are held in fixed
-point, to 2^-16 of a level: far below those effects (aihwkit's PCM programming noise alone is about 1 % of
-the range, 2.5 levels of an 8-bit cell), and read as integer digits whose convolutions are exact in float32
-and are added in a fixed order, so a noisy chip reads the same on every kernel (CPU or GPU), in a few
-float32 convolutions rather than one float64 convolution (several times slower on a CPU)."""
-
-
-def cell_digits(cells: torch.Tensor, digit_bits: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``cells`` (float64) rounded half to even to 2^-:data:`CELL_FRACTION_BITS` of a level and cut into
-    signed ``digit_bits``-bit digits, lowest first: (digits (D, *cells.shape), integers in float64; their
-    significance (D,), powers of two): Σ_d digit_d · significance_d = the rounded cells, exactly."""
-    fixed = torch.round(cells * 2.0**CELL_FRACTION_BITS)
-    sign, magnitude = torch.sign(fixed), fixed.abs()
-    count = max(1, math.ceil(int(magnitude.max()).bit_length() / digit_bits))
-    base, digits = 2.0**digit_bits, []
-    for _ in range(count):
-        digit = torch.remainder(magnitude, base)  # integers below 2^53: exact
-        digits.append(sign * digit)
-        magnitude = (magnitude - digit) / base
-    significance = [2.0 ** (digit_bits * d - CELL_FRACTION_BITS) for d in range(count)]
-    return torch.stack(digits), torch.tensor(significance, dtype=torch.float64)
-
-
-def drift_compensation(programmed: list[torch.Tensor], drifted: list[tuple[torch.Tensor, int]]) -> float:
-    """aihwkit's ``GlobalDriftCompensation`` for one layer: alpha = mean |y| of a known read right after
-    programming over the same read at t_inference. Its read is one input at a time (one-hot inputs: the
-    identity), whose outputs are the weights the cells hold, Σ_s cells_s·2^shift_s:
-    alpha = Σ|W(t0)| / Σ|W(t)|, the cells after the ``program`` effects against after the ``perturb``
-    effects. The digital side multiplies the layer's column sums by alpha."""
-    before = sum(cells * 2.0**shift for cells, (_, shift) in zip(programmed, drifted, strict=True))
-    after = sum(cells * 2.0**shift for cells, shift in drifted)
-    now = float(after.abs().sum())
-    return float(before.abs().sum()) / now if now else 1.0
 
 
 def input_range(layer: Conv) -> tuple[int, int]:

@@ -32,9 +32,9 @@ class Counting(CrossbarArithmetic):
         self.driven_rows += rows * applied * partial.shape[2] * partial.shape[3]
         return partial
 
-    def convert(self, layer: Conv, tile: int, partial: torch.Tensor) -> torch.Tensor:
+    def convert(self, layer: Conv, tile: int, partial: torch.Tensor, scaled: bool = True) -> torch.Tensor:
         self.conversions += partial.numel()
-        return super().convert(layer, tile, partial)
+        return super().convert(layer, tile, partial, scaled)
 
 
 def signed_input(layer: Conv) -> Conv:

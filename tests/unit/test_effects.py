@@ -16,7 +16,8 @@ import torch
 
 from resnet8ptq.device import cim, effects
 from resnet8ptq.device.adc import Geometry, LayerSteps
-from resnet8ptq.device.cim import CELL_FRACTION_BITS, CrossbarArithmetic, cell_digits
+from resnet8ptq.device.cells import CELL_FRACTION_BITS, cell_digits
+from resnet8ptq.device.cim import CrossbarArithmetic
 from resnet8ptq.device.config import Crossbar, DeviceConfig
 from resnet8ptq.device.effects import (
     AdcErrors,
