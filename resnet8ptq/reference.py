@@ -137,6 +137,20 @@ def _shown(value: Any) -> str:
     return str(value)
 
 
+def group_defaults() -> dict[str, str]:
+    """Each group's default choice, from conf/config.yaml's defaults list."""
+    from omegaconf import OmegaConf
+
+    chosen = {}
+    for entry in OmegaConf.load(REPO / "conf" / "config.yaml").defaults:
+        if isinstance(entry, str):
+            continue
+        for group, choice in entry.items():
+            listed = OmegaConf.to_container(choice) if OmegaConf.is_config(choice) else choice
+            chosen[group] = _shown(listed)
+    return chosen
+
+
 def groups() -> dict[str, list[str]]:
     """Each config group of ``conf/`` and its choices (the YAML files' names)."""
     return {
@@ -153,23 +167,42 @@ def settings() -> Iterator[Setting]:
     from resnet8ptq.config import Config, register_backend_schemas
 
     register_backend_schemas()
-    choices = groups()
+    choices, defaults = groups(), group_defaults()
     group_types = {"backend": BackendConfig}
     for field in dataclasses.fields(Config):
         description = _comments(Config).get(field.name, "")
         if field.name in choices:
             options = ", ".join(f"`{option}`" for option in choices[field.name])
-            yield Setting(field.name, "group", "(conf/config.yaml)", f"{description} Choices: {options}.")
+            yield Setting(field.name, "group", defaults[field.name], f"{description}. Choices: {options}.")
             kind = group_types.get(field.name, field.type)
             yield from _fields(_resolve(kind), field.name)
             if field.name == "backend":
                 for backend in sorted(BackendConfig.__subclasses__(), key=lambda cls: cls.__name__):
                     yield from _fields(backend, "backend", own_only=True, note=f"({backend.__name__})")
         elif field.name == "algo":
-            yield Setting("algo", "group", "`none`", f"{description} (conf/config.yaml says which).")
+            yield Setting(
+                "algo", "group", defaults["algo"], f"{description}: `none`, or its steps joined by `_`."
+            )
             yield from _fields(_resolve(field.type), "algo")
         else:
             yield from _fields(_resolve(field.type), field.name, field)
+
+
+def nested_groups() -> Iterator[Setting]:
+    """The groups inside groups (``device/chip``, ``mcu/boards``, Hydra's sweeper and launcher): each one's
+    choices, the YAML files of its directory; its default from conf/config.yaml (none: Hydra's own)."""
+    defaults = group_defaults()
+    for path in sorted((REPO / "conf").glob("*/*")):
+        options = sorted(option.stem for option in path.glob("*.yaml"))
+        if not path.is_dir() or not options:
+            continue
+        group = str(path.relative_to(REPO / "conf"))
+        listed = ", ".join(f"`{option}`" for option in options)
+        if group.startswith("hydra/"):  # Hydra's plugins register their own choices beside these files
+            yield Setting(group, "group", "basic", f"Hydra's, and this project's {listed} (conf/{group}/); "
+                          "`python run.py --help` lists the installed plugins' choices.")  # fmt: skip
+        else:
+            yield Setting(group, "group", defaults.get(group, ""), f"conf/{group}/. Choices: {listed}.")
 
 
 def _resolve(annotation: Any) -> Any:
@@ -235,8 +268,8 @@ def settings_page() -> str:
         "| setting | type | default | what it is |",
         "|---|---|---|---|",
     ]
-    for setting in settings():
-        default = f"`{setting.default}`" if setting.default not in ("", "???") else setting.default
+    for setting in [*settings(), *nested_groups()]:
+        default = {"": "", "???": "the group's choice"}.get(setting.default, f"`{setting.default}`")
         lines.append(
             f"| `{setting.key}` | {_cell(setting.type)} | {_cell(default)} | {_cell(setting.description)} |"
         )
