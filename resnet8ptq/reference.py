@@ -26,6 +26,8 @@ from typing import Any, NamedTuple
 
 from omegaconf import MISSING
 
+from resnet8ptq.markdown import Table
+
 REPO = Path(__file__).resolve().parent.parent
 SETTINGS_PAGE = REPO / "docs" / "reference" / "settings.md"
 MLFLOW_PAGE = REPO / "docs" / "reference" / "mlflow.md"
@@ -205,13 +207,12 @@ def nested_groups() -> Iterator[Setting]:
             yield Setting(group, "group", defaults.get(group, ""), f"conf/{group}/. Choices: {listed}.")
 
 
-def _resolve(annotation: Any) -> Any:
+def _resolve(annotation: Any, module: str = "resnet8ptq.config") -> Any:
     """A field's annotation (a string under ``from __future__ import annotations``) as the class it names in
-    :mod:`resnet8ptq.config`'s namespace, or the string where it names no class."""
+    ``module``'s namespace, or the string where it names no class."""
     if not isinstance(annotation, str):
         return annotation
-    namespace = vars(sys.modules["resnet8ptq.config"])
-    return namespace.get(annotation, annotation)
+    return vars(sys.modules[module]).get(annotation, annotation)
 
 
 def _fields(
@@ -232,7 +233,7 @@ def _fields(
     for sub in dataclasses.fields(cls):
         if sub.name.startswith("_") or (own_only and sub.name in inherited):
             continue
-        nested = _resolve_in(cls, sub.type)
+        nested = _resolve(sub.type, cls.__module__)
         key = f"{prefix}.{sub.name}"
         if isinstance(nested, type) and dataclasses.is_dataclass(nested):
             yield from _fields(nested, key)
@@ -241,16 +242,9 @@ def _fields(
         yield Setting(key, _type(sub.type), _shown(_default(sub)), description)
 
 
-def _resolve_in(cls: type, annotation: Any) -> Any:
-    if not isinstance(annotation, str):
-        return annotation
-    return vars(sys.modules[cls.__module__]).get(annotation, annotation)
-
-
-def _cell(text: str) -> str:
-    """``text`` in a Markdown table cell: reST's ``literals`` and :role:`targets` as code spans."""
-    text = re.sub(r":\w+:`~?\.?([^`]+)`", r"`\1`", text)
-    return text.replace("``", "`").replace("|", "\\|").replace("\n", " ")
+def _markdown(text: str) -> str:
+    """reST's ``literals`` and :role:`targets` in ``text`` as Markdown code spans."""
+    return re.sub(r":\w+:`~?\.?([^`]+)`", r"`\1`", text).replace("``", "`")
 
 
 def settings_page() -> str:
@@ -265,15 +259,17 @@ def settings_page() -> str:
         "several at once; `python run.py --cfg job` prints the composed configuration. How to use them:",
         "[usage.md](../usage.md).",
         "",
-        "| setting | type | default | what it is |",
-        "|---|---|---|---|",
     ]
-    for setting in [*settings(), *nested_groups()]:
-        default = {"": "", "???": "the group's choice"}.get(setting.default, f"`{setting.default}`")
-        lines.append(
-            f"| `{setting.key}` | {_cell(setting.type)} | {_cell(default)} | {_cell(setting.description)} |"
-        )
+    rows = [
+        [f"`{setting.key}`", setting.type, _default_cell(setting.default), _markdown(setting.description)]
+        for setting in [*settings(), *nested_groups()]
+    ]
+    lines.append(Table(["setting", "type", "default", "what it is"], rows).markdown())
     return "\n".join(lines) + "\n"
+
+
+def _default_cell(default: str) -> str:
+    return {"": "", "???": "the group's choice"}.get(default, f"`{default}`")
 
 
 def mlflow_page() -> str:
@@ -289,8 +285,8 @@ def mlflow_page() -> str:
         "Which runs log which: [mlflow.md](../mlflow.md).",
     ]
     for title, names in (("Metrics", METRICS), ("Tags", TAGS), ("Artifacts", ARTIFACTS)):
-        lines += ["", f"## {title}", "", "| name | meaning |", "|---|---|"]
-        lines += [f"| `{name}` | {_cell(meaning)} |" for name, meaning in names.items()]
+        rows = [[f"`{name}`", meaning] for name, meaning in names.items()]
+        lines += ["", f"## {title}", "", Table(["name", "meaning"], rows).markdown()]
     return "\n".join(lines) + "\n"
 
 

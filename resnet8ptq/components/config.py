@@ -24,6 +24,17 @@ DAC_MODELS = {
 }
 """Each ``components.adc_model`` / ``dac_model`` choice and the ``hwcomponents`` model class it names
 (``dac_model=auto`` picks one of the DACs)."""
+
+
+def adc_attributes(adc_model: str, bits: int, rate: float) -> dict[str, object]:
+    """What ``adc_model``'s class is built with for a ``bits``-bit ADC at ``rate`` samples per second (besides
+    the technology node; ISAAC's ADC takes its rate from its own figures)."""
+    return {
+        "murmann": {"n_bits": bits, "throughput": rate, "n_adcs": 1},
+        "neurosim": {"resolution": bits, "rate": rate},
+    }.get(adc_model, {"resolution": bits})
+
+
 DAC_AUTO_BITS = 4
 """``dac_model=auto``: ISAAC's 1-bit DAC up to this many bits per cycle, Brahms' 8-bit DAC above (each model
 nearest the resolution it was measured at)."""

@@ -42,6 +42,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
+from resnet8ptq.components import config
 from resnet8ptq.components.config import ADC_MODELS, AREAS, CELLS, COMPONENTS, DAC_MODELS, ComponentsConfig
 from resnet8ptq.components.models import Part, part, versions
 from resnet8ptq.device.config import DeviceConfig
@@ -129,13 +130,9 @@ class _Pricing:
         )
         if device.kind == "cim":
             bits = device.adc_bits
-            adc = {
-                "murmann": {"n_bits": bits, "throughput": components.adc_rate, "n_adcs": 1},
-                "neurosim": {"resolution": bits, "rate": components.adc_rate},
-            }
             self.adc = self._part(
                 "adc", ADC_MODELS[components.adc_model], "convert",
-                tech_node=self.node, **adc.get(components.adc_model, {"resolution": bits}),
+                tech_node=self.node, **config.adc_attributes(components.adc_model, bits, components.adc_rate),
             )  # fmt: skip
             dac_model = components.dac(device.dac_bits)
             dac = {"isaac": {"rows": 1}}.get(dac_model, {})

@@ -24,9 +24,10 @@ registers (0.01 and 1.47 of the IMA's 24.1 mW).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 from dataclasses import dataclass
 
-from resnet8ptq.components.config import ADC_MODELS, CELLS, DAC_MODELS
+from resnet8ptq.components.config import ADC_MODELS, CELLS, DAC_MODELS, NEUROSIM, adc_attributes
 from resnet8ptq.components.costs import CELL, WIRE, WIRE_CAPACITANCE
 from resnet8ptq.components.models import part
 
@@ -63,10 +64,9 @@ class Compared:
 def isaac_ima(adc_model: str = "isaac") -> list[Compared]:
     """ISAAC's IMA rebuilt with ``adc_model`` (a ``components.adc_model``) beside the paper's figures."""
     node, cell = TECH_NODE, CELLS["isaac"]
-    adc_attributes = {"murmann": {"n_bits": ADC_BITS, "throughput": ADC_RATE, "n_adcs": 1}}
     adc = part(
         "adc", ADC_MODELS[adc_model], "convert",
-        (("tech_node", node), *adc_attributes.get(adc_model, {"resolution": ADC_BITS}).items()),
+        (("tech_node", node), *adc_attributes(adc_model, ADC_BITS, ADC_RATE).items()),
     )  # fmt: skip
     dac = part("dac", DAC_MODELS["isaac"], "convert", (("tech_node", node), ("resolution", 1), ("rows", 1)))
     levels = (("input_level", INPUT_LEVEL), ("cell_level", CELL_LEVEL))
@@ -155,7 +155,10 @@ def _table(adc_model: str) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description="ISAAC's IMA rebuilt from this tool's component models.")
     parser.add_argument("--adc-model", choices=list(ADC_MODELS), default="isaac")
-    print(_table(parser.parse_args().adc_model))
+    adc_model = parser.parse_args().adc_model
+    if adc_model == "neurosim" and importlib.util.find_spec("hwcomponents_neurosim") is None:
+        parser.error(f"hwcomponents-neurosim is not installed; {NEUROSIM}")
+    print(_table(adc_model))
 
 
 if __name__ == "__main__":

@@ -4,7 +4,6 @@ so it is never a dependency of this project (``make neurosim`` installs it: scri
 
 from __future__ import annotations
 
-import importlib.util
 from functools import cache
 from typing import ClassVar
 
@@ -15,6 +14,7 @@ NEUROSIM_ARRAY = {"rows": 128, "cols": 128, "cols_active_at_once": 16}
 @cache
 def neurosim_adc_class() -> type:
     """:class:`NeuroSimADC`, defined on first use (``hwcomponents_neurosim`` is an opt-in: CC BY-NC 4.0)."""
+    import hwcomponents_neurosim
     from hwcomponents import ActionCost, ComponentModel, action
     from hwcomponents_neurosim import ADC
 
@@ -31,7 +31,7 @@ def neurosim_adc_class() -> type:
         priority = 0.5
 
         def __init__(self, tech_node: float, resolution: int, rate: float) -> None:
-            cell = importlib.util.find_spec("hwcomponents_neurosim").submodule_search_locations[0]
+            cell = hwcomponents_neurosim.__path__[0]
             array = ADC(
                 tech_node=tech_node, cycle_period=1 / rate, cell_config=f"{cell}/cells/placeholder.cell",
                 average_input_value=0.5, average_cell_value=0.5, read_pulse_width=1 / rate,

@@ -11,6 +11,7 @@ import pandas as pd
 
 from resnet8ptq.drawing import Drawing, draw
 from resnet8ptq.execution import NATIVE_MISMATCH, mismatch_cause
+from resnet8ptq.markdown import Table
 from resnet8ptq.report.analysis import (
     MLPERF_TINY,
     SIZE_TOLERANCE,
@@ -38,24 +39,6 @@ from resnet8ptq.report.runs import accuracy_name, compared_note, configured
 from resnet8ptq.report.significance import seed_spread
 from resnet8ptq.statistics import significant
 from resnet8ptq.tracking import schema
-
-
-@dataclass(frozen=True)
-class Table:
-    """Rows of text under headers."""
-
-    headers: list[str]
-    rows: list[list[str]]
-
-    def markdown(self) -> str:
-        """A GitHub-flavoured Markdown table (pipes in cells escaped)."""
-        lines = ["| " + " | ".join(self.headers) + " |", "|" + "---|" * len(self.headers)]
-        lines += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in self.rows]
-        return "\n".join(lines)
-
-
-def _cell(text: object) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
 
 
 def bullets(items: list[str]) -> str:
