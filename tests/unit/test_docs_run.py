@@ -25,9 +25,10 @@ from resnet8ptq.config import quant_spec
 REPO = Path(__file__).resolve().parents[2]
 PAGES = [
     REPO / "README.md",
-    *sorted((REPO / "docs").glob("*.md")),
-    *sorted((REPO / "docs" / "reference").glob("*.md")),
+    *sorted(page for page in (REPO / "docs").rglob("*.md") if "results" not in page.relative_to(REPO).parts),
 ]
+"""README.md and every page of docs/ (the tutorial, docs/howto/, docs/reference/, ...), the generated reports
+under docs/results/ aside: they quote runs, not commands to run."""
 FENCE = re.compile(r"```[^\n]*\n(.*?)```", re.S)
 FLAGS = {"-m", "--multirun", "--help", "--cfg", "job"}
 ELIDED = re.compile(r"\.\.\.|\bARGS\b|@hydra\.main|=[A-Z]\b")
@@ -88,9 +89,13 @@ COMMANDS = run_commands()
 
 
 def test_the_docs_hold_commands() -> None:
-    """The extraction finds what the pages hold (the README's headline sweep among them)."""
+    """The extraction finds what the pages hold (the README's headline sweep among them), the how-to guides'
+    commands included."""
     assert len(COMMANDS) >= 60
     assert ("README.md", "-m backend=onnx,torch dtype=int8,uint8") in COMMANDS
+    howtos = sorted((REPO / "docs" / "howto").glob("*.md"))
+    assert howtos and set(howtos) <= set(PAGES)
+    assert {page for page, _ in COMMANDS} >= {page.name for page in howtos}
 
 
 @pytest.fixture(scope="module")
