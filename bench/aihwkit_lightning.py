@@ -53,11 +53,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib.metadata
-import importlib.util
 import io
 import os
-import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -69,15 +66,14 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from _analog import accuracy, input_range, install_target, out_bounds, pair_layers  # noqa: E402
 from _int8 import canonical_model, inputs, quantized_int8  # noqa: E402  (bench/_int8.py)
 
 from resnet8ptq.backends.onnx.integer import integer_model  # noqa: E402
 from resnet8ptq.backends.torch.convert import onnx_to_torch  # noqa: E402
-from resnet8ptq.device.cim import tile_sizes  # noqa: E402
 from resnet8ptq.device.config import DeviceConfig  # noqa: E402
 from resnet8ptq.device.evaluate import adc_steps, arithmetic  # noqa: E402
 from resnet8ptq.device.executor import execute, predictions  # noqa: E402
-from resnet8ptq.device.graph import Conv, IntegerModel  # noqa: E402
 from resnet8ptq.hardware import detect  # noqa: E402
 
 VERSION = "2.1.0"
@@ -89,27 +85,13 @@ dependencies, tqdm and typing_extensions, are the project's."""
 CELLS = {"max-layer-sym": ("max", "layer", "symmetric"), "mse-column-asym": ("mse", "column", "asymmetric")}
 """This tool's ADC range settings compared: (adc_range, adc_granularity, adc_window)."""
 
-BATCH = 250
 FP32_CORRECT = 8719
 """The FP32 model's correct test images (shared/README.md)."""
 
 
 def import_lightning():
-    """aihwkit_lightning's modules, installed first into :data:`SITE` if needed (pip, else uv)."""
-    if not (SITE / "aihwkit_lightning").is_dir():
-        SITE.parent.mkdir(parents=True, exist_ok=True)
-        partial = Path(tempfile.mkdtemp(prefix=f".{SITE.name}.", dir=SITE.parent))
-        spec = [f"aihwkit-lightning=={VERSION}", "--no-deps", "--target", str(partial)]
-        if importlib.util.find_spec("pip") is not None:
-            command = [sys.executable, "-m", "pip", "install", "--disable-pip-version-check", *spec]
-        elif shutil.which("uv"):
-            command = ["uv", "pip", "install", "--python", sys.executable, *spec]
-        else:
-            sys.exit("Neither pip nor uv is available to install aihwkit-lightning.")
-        print(f"Installing aihwkit-lightning {VERSION} into {SITE}", flush=True)
-        subprocess.run(command, check=True)
-        os.replace(partial, SITE)
-    sys.path.insert(0, str(SITE))
+    """aihwkit_lightning's modules, installed first into :data:`SITE` if needed."""
+    install_target(f"aihwkit-lightning=={VERSION}", SITE)
     os.environ.pop("AIHWKIT_USE_TRITON", None)  # its pure-PyTorch path
     with contextlib.redirect_stdout(io.StringIO()):  # "Could not import triton_utils...": expected here
         import aihwkit_lightning.nn.modules.conv as conv
@@ -125,72 +107,6 @@ def import_lightning():
             f"Expected aihwkit-lightning {VERSION} without triton: {installed}, triton {conv.TRITON_AVAIL}"
         )
     return convert_to_analog, TorchInferenceRPUConfig, WeightClipType, WeightQuantizationType
-
-
-def accuracy(module: torch.nn.Module, images: torch.Tensor, labels: np.ndarray) -> tuple[float, np.ndarray]:
-    """Top-1 accuracy and the predicted classes, batch by batch."""
-    predicted = []
-    with torch.inference_mode():
-        for start in range(0, len(images), BATCH):
-            predicted.append(module(images[start : start + BATCH]).argmax(1).numpy())
-    predicted = np.concatenate(predicted)
-    return float(np.mean(predicted == labels)), predicted
-
-
-def input_range(conv: Conv) -> float:
-    """The layer's input range as this tool's quantizer calibrated it: scale · (qmax - zero point)."""
-    q = conv.input_quant
-    return float(q.scale) * (q.qmax - q.zero_point)
-
-
-def pair_layers(model: IntegerModel, analog: torch.nn.Module) -> dict[str, torch.nn.Module]:
-    """Each integer layer's analog layer: the one whose FP32 weights its int8 weights dequantize to."""
-    layers = dict(analog.named_analog_layers())
-    pairs = {}
-    for conv in model.convs:
-        real = conv.centered_weight.reshape(len(conv.weight), -1) * conv.weight_scale[:, None].astype(
-            np.float64
-        )
-        errors = {
-            name: float(np.abs(layer.weight.detach().reshape(real.shape).numpy() - real).max())
-            for name, layer in layers.items()
-            if layer.weight.numel() == real.size
-        }
-        name = min(errors, key=errors.get)
-        if errors[name] > float(conv.weight_scale.max()):
-            raise RuntimeError(
-                f"{conv.name}: no analog layer with its weights (closest {name}, {errors[name]})"
-            )
-        pairs[conv.name] = layers.pop(name)
-    return pairs
-
-
-def tile_wmax(layer: torch.nn.Module, rows: int) -> np.ndarray:
-    """max|w| over each tile's rows of each column (T, O): aihwkit-lightning's ``assumed_wmax``."""
-    weight = layer.weight.detach().reshape(layer.weight.shape[0], -1).abs().numpy().astype(np.float64)
-    return np.stack(
-        [
-            part.max(axis=1)
-            for part in np.split(weight, np.cumsum(tile_sizes(weight.shape[1], rows))[:-1], axis=1)
-        ]
-    )
-
-
-def out_bounds(
-    model: IntegerModel, steps: dict, pairs: dict, rows: int
-) -> dict[str, tuple[float, float, float]]:
-    """Per layer, this tool's ADC full scale as aihwkit-lightning's ``out_bound`` (module docstring): the
-    median over the layer's tiles and columns of the exact per-column value, with their min and max."""
-    result = {}
-    for conv in model.convs:
-        layer_steps = steps[conv.name]
-        geometry = layer_steps.geometry
-        half = np.maximum(np.abs(layer_steps.code_min), np.abs(layer_steps.code_max)) * layer_steps.steps
-        bound = layer_steps.per_column(half).reshape(geometry.tiles, geometry.slices, geometry.outputs)[:, 0]
-        real = bound * float(conv.input_quant.scale) * conv.weight_scale.astype(np.float64)[None, :]
-        exact = real / (input_range(conv) * tile_wmax(pairs[conv.name], rows))
-        result[conv.name] = (float(np.median(exact)), float(exact.min()), float(exact.max()))
-    return result
 
 
 def main() -> None:
@@ -254,7 +170,7 @@ def main() -> None:
     config.pre_post.input_range.enable = True
     config.pre_post.input_range.learn_input_range = False
     analog = convert_to_analog(fp32, config).eval()
-    pairs = pair_layers(model, analog)
+    pairs = pair_layers(model, dict(analog.named_analog_layers()))
     for conv in model.convs:
         pairs[conv.name].input_range.data.fill_(input_range(conv))
     test = torch.from_numpy(images)

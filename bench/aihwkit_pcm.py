@@ -1,0 +1,412 @@
+"""The ``pcm`` chip preset (conf/device/chip/pcm.yaml) beside IBM's aihwkit 1.2.0 itself (issue 62): the same
+FP32 ResNet8, test images, times since programming and number of chips, each tool's accuracy per chip; then
+aihwkit moved one switch at a time towards this tool's model, to find where the two part. Outside CI.
+
+aihwkit 1.2.0 (its CPython 3.12 wheel, compiled against torch 2.x) is installed on first use with
+``pip install --no-deps --target`` into ~/.cache/resnet8ptq-aihwkit/ and put on sys.path: the project's
+interpreter, torch 2.14.1 and numpy (aihwkit's other imports, scipy and scikit-learn among them, are the
+project's). ``OMP_WAIT_POLICY=PASSIVE`` is set before torch loads: torch's and aihwkit's OpenMP runtimes
+otherwise spin against each other (about 12x slower).
+
+aihwkit, as the preset cites it (``InferenceRPUConfig``; aihwkit's names):
+
+* tiles of ``mapping.max_input_size = 512`` rows (the preset's ``rows``), split as this tool splits them;
+  every column of a tile scaled to its largest weight (``weight_scaling_omega = 1``, columnwise), which
+  ``PCMLikeNoiseModel`` maps to ``g_max`` = 25 µS: the preset's top level at each column's largest
+  int8 weight;
+* 8-bit converters (``forward.inp_res = out_res = 254``, ``out_bound = 10`` of StandardHWATrainingPreset),
+  or ``out_res = -1`` (the ideal ADC); the inputs' range of every tile (``pre_post.input_range``, not
+  learned) the activation range this tool's int8 quantizer calibrated, as bench/aihwkit_lightning.py;
+* ``PCMLikeNoiseModel`` with its published programming noise and drift, ``read_noise_scale = 0`` (the 1/f
+  noise the preset leaves out), ``GlobalDriftCompensation``; no ``w_noise``, ``out_noise`` or ``ir_drop``
+  (the preset leaves them out too).
+
+Parts (``--parts``):
+
+* ``preset``: both tools, ideal and 8-bit ADC, ``--chips`` chips (aihwkit: ``torch.manual_seed(chip)`` before
+  ``program_analog_weights``; this tool: noise seeds 0..chips-1, as a run's ``device.noise_seeds``), each read
+  at every ``--times``;
+* ``drift``: drift alone (no programming noise), 128 rows, 8-bit ADC, with and without compensation;
+* ``switches`` (aihwkit only, 8-bit ADC, 512 rows): aihwkit changed cumulatively, one switch at a time, into
+  this tool's model: (1) programming noise on the pair's signed weight, no clamp at 0 (this tool's ``pcm``
+  model) instead of on both conductances clamped at 0; (2) nu drawn from the programmed weight instead of the
+  target conductance; (3) the exact compensation Σ|W(t0)| / Σ|W(t)| of the tile's cells instead of
+  aihwkit's read of one-hot inputs through the tile's ADC; (4) the ADC full scale from this tool's
+  calibration (``out_bound`` per layer, as bench/aihwkit_lightning.py) instead of 10; (5) the DAC on this
+  tool's input grid (``inp_res = 510``: 255 steps over a non-negative input) instead of 127.
+
+Not switchable inside aihwkit: this tool's int8 weights (aihwkit's are float) and its 8-bit activations
+requantized after every layer (aihwkit's stay float between tiles): the ``switches`` part's last row against
+this tool's preset row is what those two, with the ADC's asymmetric per-column windows, leave.
+
+Usage: RESNET8PTQ_ASSETS=../shared .venv/bin/python bench/aihwkit_pcm.py [--images 2000] [--chips 10] \
+    [--times 0,3600,86400,31536000] [--parts preset,drift,switches] [--tools aihwkit,resnet8ptq] \
+    [--save FILE.json] [--table FILE.json ...]
+``--save`` merges this run's accuracies into FILE (the two tools can run in two processes, one core each);
+``--table`` prints the tables from saved files without running anything. One thread per process.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch's OpenMP runtime starts
+
+import argparse
+import contextlib
+import copy
+import importlib.metadata
+import io
+import json
+import math
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import torch
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from _analog import accuracy, input_range, install_target, out_bounds, pair_layers  # noqa: E402
+from _int8 import canonical_model, inputs, quantized_int8  # noqa: E402
+
+from resnet8ptq.backends.onnx.integer import integer_model  # noqa: E402
+from resnet8ptq.backends.torch.convert import onnx_to_torch  # noqa: E402
+from resnet8ptq.device.config import DeviceConfig  # noqa: E402
+from resnet8ptq.device.evaluate import adc_steps, arithmetic  # noqa: E402
+from resnet8ptq.device.executor import execute, predictions  # noqa: E402
+from resnet8ptq.hardware import detect  # noqa: E402
+
+VERSION = "1.2.0"
+SITE = Path.home() / ".cache" / "resnet8ptq-aihwkit" / f"aihwkit-{VERSION}"
+PRESET = REPO / "conf" / "device" / "chip" / "pcm.yaml"
+NO_PROGRAMMING_NOISE = {"weight_noise": 0.0, "weight_noise_model": "constant"}
+OUT_BOUND = 10.0  # StandardHWATrainingPreset's forward.out_bound
+SWITCHES = (
+    "aihwkit",
+    "+ noise on the signed weight",
+    "+ nu from the programmed weight",
+    "+ exact compensation",
+    "+ ADC full scale calibrated",
+    "+ DAC on 255 steps",
+)
+"""The ``switches`` part's rows: aihwkit, then each switch added to the ones above it (module docstring)."""
+
+
+def import_aihwkit() -> dict:
+    """aihwkit's classes used here, installed first into :data:`SITE` if needed."""
+    install_target(f"aihwkit=={VERSION}", SITE)
+    with contextlib.redirect_stdout(io.StringIO()):
+        from aihwkit.inference import GlobalDriftCompensation, PCMLikeNoiseModel
+        from aihwkit.nn.conversion import convert_to_analog
+        from aihwkit.simulator.configs import InferenceRPUConfig
+        from aihwkit.simulator.parameters.enums import BoundManagementType, NoiseManagementType
+    installed = importlib.metadata.version("aihwkit")
+    if installed != VERSION:
+        sys.exit(f"Expected aihwkit {VERSION}, found {installed}")
+    return dict(
+        compensation=GlobalDriftCompensation,
+        pcm=PCMLikeNoiseModel,
+        convert=convert_to_analog,
+        config=InferenceRPUConfig,
+        bound=BoundManagementType,
+        noise=NoiseManagementType,
+    )
+
+
+def level_noise_model(pcm: type, nu_from_programmed: bool) -> type:
+    """This tool's PCM programming noise inside aihwkit (a subclass of ``PCMLikeNoiseModel``): aihwkit's σ(ĝ)
+    on the pair's signed weight, the empty cell noiseless and nothing clamped at 0; nu from the target
+    conductances (aihwkit) or from the programmed ones (this tool)."""
+
+    class LevelNoise(pcm):
+        @torch.no_grad()
+        def apply_programming_noise(self, weights: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+            scale = float(weights.abs().max().clamp(min=1e-7))
+            level = weights.abs() / scale  # ĝ: 1 at the tile's largest weight (every column's, here)
+            c0, c1, c2 = self.prog_coeff
+            sigma = (
+                self.prog_noise_scale * (c0 + c1 * level + c2 * level**2) / self.prog_coeff_g_max_reference
+            )
+            programmed = weights + sigma * scale * torch.randn_like(weights)
+            source = programmed if nu_from_programmed else weights
+            g_max = self.g_max
+            nus = [
+                self.generate_drift_coefficients(source.clamp(min=0) / scale * g_max),
+                self.generate_drift_coefficients((-source).clamp(min=0) / scale * g_max),
+            ]
+            return programmed, nus
+
+    return LevelNoise
+
+
+def aihwkit_model(
+    kit: dict,
+    fp32: torch.nn.Module,
+    ranges: dict[str, float],
+    rows: int,
+    adc: bool,
+    programming_noise: bool = True,
+    compensation: bool = True,
+    switches: int = 0,
+    bounds: list[tuple[torch.Tensor, float]] | None = None,
+) -> torch.nn.Module:
+    """``fp32`` converted to aihwkit's analog layers as the module docstring sets them; ``ranges``: each FP32
+    layer's (module name's) input range; ``switches``: how many of :data:`SWITCHES`' changes (after the
+    first row) apply; ``bounds``: each layer's FP32 weight and ``out_bound``, for the fourth."""
+    config = kit["config"]()
+    config.mapping.max_input_size = rows
+    config.mapping.max_output_size = 0
+    config.mapping.weight_scaling_omega = 1.0
+    config.mapping.weight_scaling_columnwise = True
+    config.mapping.digital_bias = True
+    forward = config.forward
+    forward.inp_res = 510 if switches >= 5 else 254
+    forward.out_res = 254 if adc else -1
+    forward.out_bound = OUT_BOUND if adc else 0.0
+    forward.out_noise = forward.w_noise = forward.ir_drop = 0.0
+    forward.bound_management = kit["bound"].NONE
+    forward.noise_management = kit["noise"].NONE
+    config.pre_post.input_range.enable = True
+    config.pre_post.input_range.learn_input_range = False
+    noise = level_noise_model(kit["pcm"], switches >= 2) if switches >= 1 else kit["pcm"]
+    config.noise_model = noise(g_max=25.0, read_noise_scale=0.0, prog_noise_scale=float(programming_noise))
+    config.drift_compensation = kit["compensation"]() if compensation else None
+
+    def per_layer(name: str, module: torch.nn.Module, layer_config):  # aihwkit's specific_rpu_config_fun
+        weighted = isinstance(module, torch.nn.Conv2d | torch.nn.Linear)  # not the containers it converts
+        if weighted and bounds is not None and switches >= 4 and adc:  # found by its weights (names differ)
+            layer_config.forward.out_bound = next(
+                bound
+                for weight, bound in bounds
+                if weight.shape == module.weight.shape and torch.equal(weight, module.weight)
+            )
+        return layer_config
+
+    analog = kit["convert"](copy.deepcopy(fp32), config, specific_rpu_config_fun=per_layer).eval()
+    for name, layer in analog.named_analog_layers():
+        for tile in layer.analog_tiles():
+            tile.set_input_range(ranges[name])
+    return analog
+
+
+def exact_compensation(analog: torch.nn.Module) -> None:
+    """Every tile's drift compensation set to Σ|W(t0)| / Σ|W(t)| of its cells (no read through its ADC)."""
+    for layer in analog.analog_layers():
+        for tile in layer.analog_tiles():
+            now = float(torch.as_tensor(tile.tile.get_weights()).abs().sum())
+            tile.alpha = torch.tensor([float(tile.programmed_weights.abs().sum()) / now])
+
+
+def run_aihwkit(kit: dict, fp32, ranges, images, labels, chips: int, times: list[float], **settings) -> dict:
+    """aihwkit's accuracy per time and chip: each chip programmed once, then drifted to every time."""
+    exact = settings.get("switches", 0) >= 3 and settings.get("compensation", True)
+    analog = aihwkit_model(kit, fp32, ranges, **settings)
+    result: dict[str, list[float]] = {str(t): [] for t in times}
+    for chip in range(chips):
+        torch.manual_seed(chip)
+        analog.program_analog_weights()
+        for t in times:
+            analog.drift_analog_weights(t)
+            if exact:
+                exact_compensation(analog)
+            result[str(t)].append(accuracy(analog, images, labels)[0])
+    return result
+
+
+def run_ours(model, preset: DeviceConfig, calibration, images, labels, chips, times, profiles) -> dict:
+    """This tool's accuracy per time and chip (noise seeds 0..chips-1); the ADC ranges calibrated once, on
+    the fresh ideal crossbar, as a run does."""
+    steps = adc_steps(model, preset, calibration, profiles)
+    result: dict[str, list[float]] = {}
+    for t in times:
+        device = replace(preset, t_inference=float(t))
+        result[str(t)] = [
+            float(
+                np.mean(
+                    predictions(model, execute(model, images, arithmetic(device, chip, steps))[0]) == labels
+                )
+            )
+            for chip in range(chips)
+        ]
+    return result
+
+
+def preset_device(**overrides) -> DeviceConfig:
+    """conf/device/chip/pcm.yaml as a DeviceConfig, with ``overrides``."""
+    settings = yaml.safe_load(PRESET.read_text())
+    return DeviceConfig(**{**settings, **overrides})
+
+
+def deep_merge(target: dict, source: dict) -> dict:
+    """``source``'s nested dicts merged into ``target`` (leaves replaced); ``target``."""
+    for key, value in source.items():
+        if isinstance(value, dict) and isinstance(target.get(key), dict):
+            deep_merge(target[key], value)
+        else:
+            target[key] = value
+    return target
+
+
+def save(path: Path | None, results: dict) -> None:
+    """``results`` merged into the JSON file at ``path`` (written whole to a temporary file, then renamed)."""
+    if path is None:
+        return
+    merged = deep_merge(json.loads(path.read_text()) if path.exists() else {}, results)
+    partial = path.with_suffix(".partial")
+    partial.write_text(json.dumps(merged, indent=1))
+    partial.replace(path)
+
+
+def summary(values: list[float]) -> tuple[float, float, int]:
+    """Mean and sample standard deviation (percent) and count."""
+    array = 100 * np.asarray(values)
+    return float(array.mean()), float(array.std(ddof=1)) if len(array) > 1 else 0.0, len(array)
+
+
+def table(results: dict) -> None:
+    """The side-by-side tables: per configuration and time, each tool's mean ± std over its chips, the
+    difference this tool - aihwkit and its standard error √(s₁²/n₁ + s₂²/n₂)."""
+    meta = results.get("meta", {})
+    print(
+        f"\n{meta.get('images', '?')} test images; {meta.get('cpu', '?')}; commit {meta.get('commit', '?')}"
+    )
+    for part in ("preset", "drift"):
+        for config, tools in results.get(part, {}).items():
+            print(f"\n{part}: {config}")
+            print("| t (s) | aihwkit 1.2.0 | this tool | difference | SE of difference | within 1 SE |")
+            print("|---|---|---|---|---|---|")
+            theirs, ours = tools.get("aihwkit", {}), tools.get("resnet8ptq", {})
+            for t in sorted(set(theirs) | set(ours), key=float):
+                cells, stats = [], []
+                for values in (theirs.get(t), ours.get(t)):
+                    if values:
+                        mean, std, n = summary(values)
+                        stats.append((mean, std, n))
+                        cells.append(f"{mean:.2f} ± {std:.2f} ({n})")
+                    else:
+                        cells.append("")
+                if len(stats) == 2:
+                    (m1, s1, n1), (m2, s2, n2) = stats
+                    se = math.sqrt(s1**2 / n1 + s2**2 / n2)
+                    cells += [f"{m2 - m1:+.2f}", f"{se:.2f}", "yes" if abs(m2 - m1) <= se else "no"]
+                else:
+                    cells += ["", "", ""]
+                print(f"| {float(t):g} | " + " | ".join(cells) + " |")
+    rows = results.get("switches", {})
+    if rows:
+        times = sorted({t for row in rows.values() for t in row.get("aihwkit", {})}, key=float)
+        print(
+            "\nswitches: aihwkit (8-bit ADC, 512 rows) changed one switch at a time (mean ± std over chips)"
+        )
+        print("| aihwkit with | " + " | ".join(f"t = {float(t):g} s" for t in times) + " |")
+        print("|---|" + "---|" * len(times))
+        ours = results.get("preset", {}).get("8-bit ADC", {}).get("resnet8ptq", {})
+        for name in [*SWITCHES, "this tool (pcm preset)"]:
+            row = ours if name.startswith("this tool") else rows.get(name, {}).get("aihwkit")
+            if row:
+                print(
+                    f"| {name} | "
+                    + " | ".join("{:.2f} ± {:.2f}".format(*summary(row[t])[:2]) for t in times)
+                    + " |"
+                )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    listed = lambda kind: lambda text: [kind(item) for item in text.split(",") if item]  # noqa: E731
+    parser.add_argument("--images", type=int, default=2000, help="first N test images (10000: all)")
+    parser.add_argument("--chips", type=int, default=10)
+    parser.add_argument("--times", type=listed(float), default=[0, 3600, 86400, 31536000])
+    parser.add_argument("--parts", type=listed(str), default=["preset", "drift", "switches"])
+    parser.add_argument("--tools", type=listed(str), default=["aihwkit", "resnet8ptq"])
+    parser.add_argument("--save", type=Path, help="merge the accuracies into this JSON file")
+    parser.add_argument("--table", type=Path, nargs="+", help="print the tables of saved files; run nothing")
+    args = parser.parse_args()
+    if args.table:
+        results: dict = {}
+        for path in args.table:
+            deep_merge(results, json.loads(path.read_text()))
+        table(results)
+        return
+    unknown = set(args.parts) - {"preset", "drift", "switches"} | set(args.tools) - {"aihwkit", "resnet8ptq"}
+    if unknown:
+        sys.exit(f"unknown parts or tools: {', '.join(sorted(unknown))}")
+    torch.set_num_threads(1)
+    started = time.perf_counter()
+    kit = import_aihwkit() if "aihwkit" in args.tools else {}
+    given = inputs()
+    images, labels = given.images[: args.images], given.labels[: args.images]
+    cpu = detect().cpu
+    commit = os.popen(f"git -C {REPO} rev-parse --short HEAD").read().strip()
+    print(f"CPU: {cpu}; torch {torch.__version__}, 1 thread; aihwkit {VERSION if kit else '-'}; "
+          f"{len(images)} test images; {args.chips} chips; times {args.times}", flush=True)  # fmt: skip
+    results: dict = {"meta": {"images": len(images), "cpu": cpu, "commit": commit, "chips": args.chips}}
+    with tempfile.TemporaryDirectory() as tmp:
+        canonical = canonical_model(Path(tmp))
+        fp32 = onnx_to_torch(canonical.onnx_path)
+        model = integer_model(quantized_int8(canonical, given.calibration, Path(tmp)))
+    modules = {n: m for n, m in fp32.named_modules() if isinstance(m, torch.nn.Conv2d | torch.nn.Linear)}
+    pairs = pair_layers(model, modules)
+    names = {id(module): name for name, module in modules.items()}
+    ranges = {names[id(pairs[conv.name])]: input_range(conv) for conv in model.convs}
+    test = torch.from_numpy(images)
+    profiles: dict = {}
+
+    def record(part: str, config: str, tool: str, accuracies: dict, seconds: float) -> None:
+        results.setdefault(part, {}).setdefault(config, {})[tool] = accuracies
+        means = ", ".join(
+            f"t={float(t):g}: {summary(v)[0]:.2f} ± {summary(v)[1]:.2f}" for t, v in accuracies.items()
+        )
+        print(f"{part:8s} {config:40s} {tool:10s} {means}  ({seconds:.0f} s)", flush=True)
+        save(args.save, {part: {config: {tool: accuracies}}, "meta": results["meta"]})
+
+    def both(part: str, config: str, rows: int, adc: bool, **settings) -> None:
+        for tool in args.tools:
+            start = time.perf_counter()
+            if tool == "aihwkit":
+                accuracies = run_aihwkit(kit, fp32, ranges, test, labels, args.chips, args.times, rows=rows,
+                                         adc=adc, **settings)  # fmt: skip
+            else:
+                device = preset_device(
+                    rows=rows,
+                    adc_bits=8 if adc else None,
+                    **({} if settings.get("programming_noise", True) else NO_PROGRAMMING_NOISE),
+                    drift_compensation=settings.get("compensation", True),
+                    noise_seeds=args.chips,
+                )
+                accuracies = run_ours(model, device, given.calibration, images, labels, args.chips,
+                                      args.times, profiles)  # fmt: skip
+            record(part, config, tool, accuracies, time.perf_counter() - start)
+
+    if "preset" in args.parts:
+        for adc in (False, True):
+            both("preset", "8-bit ADC" if adc else "ideal ADC", 512, adc)
+    if "drift" in args.parts:
+        for compensation in (False, True):
+            name = f"drift alone, 128 rows, {'with' if compensation else 'no'} compensation"
+            both("drift", name, 128, True, programming_noise=False, compensation=compensation)
+    if "switches" in args.parts and "aihwkit" in args.tools:
+        preset = preset_device(noise_seeds=args.chips)
+        steps = adc_steps(model, preset, given.calibration, profiles)
+        calibrated = out_bounds(model, steps, pairs, 512)
+        bounds = [(pairs[name].weight, median) for name, (median, _, _) in calibrated.items()]
+        for count, name in enumerate(SWITCHES):
+            start = time.perf_counter()
+            if count == 0 and "8-bit ADC" in results.get("preset", {}):
+                accuracies = results["preset"]["8-bit ADC"]["aihwkit"]  # the same chips: not run twice
+            else:
+                accuracies = run_aihwkit(kit, fp32, ranges, test, labels, args.chips, args.times, rows=512,
+                                         adc=True, switches=count, bounds=bounds)  # fmt: skip
+            record("switches", name, "aihwkit", accuracies, time.perf_counter() - start)
+    table(results)
+    print(f"Total {time.perf_counter() - started:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
