@@ -81,6 +81,7 @@ from resnet8ptq.device.config import DeviceConfig  # noqa: E402
 from resnet8ptq.device.evaluate import adc_steps, arithmetic  # noqa: E402
 from resnet8ptq.device.executor import execute, predictions  # noqa: E402
 from resnet8ptq.hardware import detect  # noqa: E402
+from resnet8ptq.memory import keep_freed_memory  # noqa: E402
 
 VERSION = "1.2.0"
 SITE = Path.home() / ".cache" / "resnet8ptq-aihwkit" / f"aihwkit-{VERSION}"
@@ -278,26 +279,28 @@ def table(results: dict) -> None:
     )
     for part in ("preset", "drift"):
         for config, tools in results.get(part, {}).items():
-            print(f"\n{part}: {config}")
-            print("| t (s) | aihwkit 1.2.0 | this tool | difference | SE of difference | within 1 SE |")
-            print("|---|---|---|---|---|---|")
-            theirs, ours = tools.get("aihwkit", {}), tools.get("resnet8ptq", {})
-            for t in sorted(set(theirs) | set(ours), key=float):
-                cells, stats = [], []
-                for values in (theirs.get(t), ours.get(t)):
-                    if values:
-                        mean, std, n = summary(values)
-                        stats.append((mean, std, n))
-                        cells.append(f"{mean:.2f} ± {std:.2f} ({n})")
+            theirs = tools.get("aihwkit", {})
+            for label in [name for name in tools if name != "aihwkit"] or ["resnet8ptq"]:
+                ours = tools.get(label, {})
+                print(f"\n{part}: {config}: aihwkit {VERSION} and {label}")
+                print("| t (s) | aihwkit | this tool | difference | SE of difference | within 1 SE |")
+                print("|---|---|---|---|---|---|")
+                for t in sorted(set(theirs) | set(ours), key=float):
+                    cells, stats = [], []
+                    for values in (theirs.get(t), ours.get(t)):
+                        if values:
+                            mean, std, n = summary(values)
+                            stats.append((mean, std, n))
+                            cells.append(f"{mean:.2f} ± {std:.2f} ({n})")
+                        else:
+                            cells.append("")
+                    if len(stats) == 2:
+                        (m1, s1, n1), (m2, s2, n2) = stats
+                        se = math.sqrt(s1**2 / n1 + s2**2 / n2)
+                        cells += [f"{m2 - m1:+.2f}", f"{se:.2f}", "yes" if abs(m2 - m1) <= se else "no"]
                     else:
-                        cells.append("")
-                if len(stats) == 2:
-                    (m1, s1, n1), (m2, s2, n2) = stats
-                    se = math.sqrt(s1**2 / n1 + s2**2 / n2)
-                    cells += [f"{m2 - m1:+.2f}", f"{se:.2f}", "yes" if abs(m2 - m1) <= se else "no"]
-                else:
-                    cells += ["", "", ""]
-                print(f"| {float(t):g} | " + " | ".join(cells) + " |")
+                        cells += ["", "", ""]
+                    print(f"| {float(t):g} | " + " | ".join(cells) + " |")
     rows = results.get("switches", {})
     if rows:
         times = sorted({t for row in rows.values() for t in row.get("aihwkit", {})}, key=float)
@@ -326,6 +329,7 @@ def main() -> None:
     parser.add_argument("--parts", type=listed(str), default=["preset", "drift", "switches"])
     parser.add_argument("--tools", type=listed(str), default=["aihwkit", "resnet8ptq"])
     parser.add_argument("--save", type=Path, help="merge the accuracies into this JSON file")
+    parser.add_argument("--as", dest="label", default="resnet8ptq", help="this tool's name in the results")
     parser.add_argument("--table", type=Path, nargs="+", help="print the tables of saved files; run nothing")
     args = parser.parse_args()
     if args.table:
@@ -338,6 +342,7 @@ def main() -> None:
     if unknown:
         sys.exit(f"unknown parts or tools: {', '.join(sorted(unknown))}")
     torch.set_num_threads(1)
+    keep_freed_memory()  # the allocator a run sets (resnet8ptq/memory.py): freed blocks kept, not unmapped
     started = time.perf_counter()
     kit = import_aihwkit() if "aihwkit" in args.tools else {}
     given = inputs()
@@ -382,7 +387,13 @@ def main() -> None:
                 )
                 accuracies = run_ours(model, device, given.calibration, images, labels, args.chips,
                                       args.times, profiles)  # fmt: skip
-            record(part, config, tool, accuracies, time.perf_counter() - start)
+            record(
+                part,
+                config,
+                tool if tool == "aihwkit" else args.label,
+                accuracies,
+                time.perf_counter() - start,
+            )
 
     if "preset" in args.parts:
         for adc in (False, True):

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -165,12 +166,12 @@ class CrossbarArithmetic(Arithmetic):
             site = Site(self.seed, layer.name)
             programmed, perturbed = [], []
             for digit, shift in slices(magnitude, c.bits_per_cell, capacity, signed=False):
-                cells = sign * digit
+                cells = written = sign * digit
                 for effect in self.effects["program"]:
                     cells = effect.apply(cells, c, self._generator, site)
                 programmed.append(cells)
                 for effect in self.effects["perturb"]:
-                    cells = effect.apply(cells, c, self._generator, site)
+                    cells = effect.apply(cells, c, self._generator, replace(site, written=written))
                 perturbed.append((cells, shift))
             if c.drift_compensation:
                 self._compensation[layer.name] = drift_compensation(programmed, perturbed)

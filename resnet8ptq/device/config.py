@@ -20,7 +20,8 @@ WINDOWS = ("symmetric", "asymmetric")
 DAC_RANGES = ("full", "percentile")  # the DAC's full scale (device/dac.py)
 DRIFTS = ("none", "constant", "pcm")  # the drift exponent's model (device/effects/drift.py)
 CHARGE_LOSSES = ("none", "sonos")  # charge-trap cells' retention (device/effects/charge_loss.py)
-NOISE_MODELS = ("constant", "proportional", "pcm", "sonos")  # its sigma (device/effects/programming_noise.py)
+# the programming noise's sigma (device/effects/programming_noise.py)
+NOISE_MODELS = ("constant", "proportional", "pcm", "pcm_signed", "sonos")
 ADC_ERRORS = ("adc_offset", "adc_gain", "adc_inl", "adc_noise")
 IR_DROP_G_RATIO = 1 / 0.35 / 5e-6  # aihwkit's default: 0.35 Ω of wire per cell, 5 µS a cell's top conductance
 
@@ -81,7 +82,8 @@ class Crossbar:
     cells_per_weight: int = 1  # cells a weight's magnitude is sliced over
     # programming noise σ, a fraction of a cell's range (aihwkit: w_noise; effects/programming_noise.py)
     weight_noise: float = field(default=0.0, metadata=DRAWN)
-    # its sigma over the level: constant | pcm (aihwkit) | sonos (CrossSim); effects/programming_noise.py
+    # its sigma over the level: constant | proportional | pcm (aihwkit's: on both cells of the pair, each
+    # clamped at 0) | pcm_signed (pcm's sigma on the signed level) | sonos (CrossSim); programming_noise.py
     weight_noise_model: str = "constant"
     # fractions of cells stuck at the lowest / the highest level, per chip (effects/stuck_cells.py)
     stuck_off: float = field(default=0.0, metadata=DRAWN)

@@ -75,7 +75,7 @@ def test_programming_noise_is_sigma_times_the_cell_range_times_a_normal_draw() -
     assert ProgrammingNoise.configured(Crossbar()) is None
 
 
-@pytest.mark.parametrize("model", ["proportional", "pcm", "sonos"])
+@pytest.mark.parametrize("model", ["proportional", "pcm_signed", "sonos"])
 def test_a_devices_programming_noise_depends_on_the_level_written(model: str) -> None:
     """CrossSim's proportional error: σ = ĝ of the range (weight_noise 1), aihwkit's PCM fit:
     σ = (0.26348 + 1.9650 ĝ - 1.1731 ĝ²) / 25 of the range; CrossSim's SONOS fit:
@@ -86,7 +86,7 @@ def test_a_devices_programming_noise_depends_on_the_level_written(model: str) ->
     g = [0.0, 1.0, 0.2]
     if model == "proportional":
         sigma = g  # a level's own size: 51 levels of σ at level 51
-    elif model == "pcm":
+    elif model == "pcm_signed":
         sigma = [(0.26348 + 1.9650 * x - 1.1731 * x * x) / 25 for x in g]
         assert sigma[1] == pytest.approx(0.0422, abs=1e-4)  # 4.2 % of the range at the top level
     else:
@@ -97,6 +97,62 @@ def test_a_devices_programming_noise_depends_on_the_level_written(model: str) ->
     unshaped = "device.weight_noise_model=pcm with device.weight_noise=0"
     with pytest.raises(ValueError, match=re.escape(unshaped)):
         DeviceConfig(kind="cim", weight_noise_model="pcm")
+
+
+def test_pcm_programming_noise_is_aihwkits_on_both_cells_of_the_pair_clamped_at_zero() -> None:
+    """aihwkit's PCMLikeNoiseModel programs g+ and g- of a weight's pair each with σ(g_target) and clamps each
+    at 0: the empty cell (target 0) gets σ(0) = 0.26348 / 25 of the range, positive only; the weight is
+    g+ - g-. The positive cell draws first, then the negative one, from the chip's generator."""
+    levels = torch.tensor([[0.0, 255.0, -51.0, 2.0]], dtype=torch.float64)
+    noisy = ProgrammingNoise(1.0, "pcm").apply(levels, Crossbar(), torch.Generator().manual_seed(8), SITE)
+    generator = torch.Generator().manual_seed(8)
+    n_pos, n_neg = (torch.randn((1, 4), generator=generator, dtype=torch.float64) for _ in range(2))
+
+    def sigma(level: torch.Tensor) -> torch.Tensor:
+        g = level / 255
+        return (0.26348 + 1.9650 * g - 1.1731 * g * g) / 25 * 255
+
+    positive, negative = levels.clamp(min=0), (-levels).clamp(min=0)
+    expected = (positive + sigma(positive) * n_pos).clamp(min=0) - (negative + sigma(negative) * n_neg).clamp(
+        min=0
+    )
+    assert torch.allclose(noisy, expected, rtol=1e-12, atol=0)
+    many = ProgrammingNoise(1.0, "pcm").apply(
+        torch.zeros((1, 20_000), dtype=torch.float64), Crossbar(), torch.Generator().manual_seed(1), SITE
+    )
+    sigma_0 = 0.26348 / 25 * 255  # σ at level 0; max(σn, 0): mean σ/√(2π), variance σ²(1/2 - 1/(2π))
+    assert float(many.mean()) == pytest.approx(0, abs=0.05)  # the two cells' clamped noise cancels on average
+    assert float(many.std()) == pytest.approx(math.sqrt(1 - 1 / math.pi) * sigma_0, rel=0.02)
+    one_cell = ProgrammingNoise(1.0, "pcm").apply(
+        torch.full((1, 20_000), 2.0, dtype=torch.float64), Crossbar(), torch.Generator().manual_seed(2), SITE
+    )
+    assert float(one_cell.mean()) < 2 - 0.5 * sigma_0 / math.sqrt(2 * math.pi)  # the empty cell pulls to 0
+    signed = ProgrammingNoise(1.0, "pcm_signed").apply(
+        levels, Crossbar(), torch.Generator().manual_seed(8), SITE
+    )
+    assert not torch.allclose(signed, noisy)
+
+
+def test_pcm_drift_draws_nu_from_the_level_written_to_the_cell_the_weight_sits_on() -> None:
+    """As aihwkit: nu from the target conductance, not the programmed one; a weight whose sign programming
+    flipped sits on the pair's other cell, written to 0 (nu's clamps: mu 0.1, sigma 0.045)."""
+    written = torch.tensor([[255.0, 255.0, -51.0, 3.0]], dtype=torch.float64)
+    programmed = torch.tensor([[240.0, 255.0, -60.0, -2.0]], dtype=torch.float64)  # the last flipped sign
+    crossbar = Crossbar(drift="pcm", t_inference=86_400.0)
+    site = effects.Site(0, "layer", written=written)
+    drifted = Drift.configured(crossbar).apply(programmed, crossbar, torch.Generator().manual_seed(4), site)
+    normal = torch.randn(programmed.shape, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    g = [1.0, 1.0, 0.2, 1e-7]  # the target of the cell each programmed weight sits on
+    mu = torch.tensor(
+        [[min(max(-0.0155 * math.log(x) + 0.0244, 0.049), 0.1) for x in g]], dtype=torch.float64
+    )
+    sigma = torch.tensor(
+        [[min(max(-0.0125 * math.log(x) - 0.0059, 0.008), 0.045) for x in g]], dtype=torch.float64
+    )
+    expected = programmed * ((86_400 + 20) / 20) ** -(mu + sigma * normal).abs()
+    assert torch.allclose(drifted, expected, rtol=1e-14, atol=0)
+    own = Drift.configured(crossbar).apply(programmed, crossbar, torch.Generator().manual_seed(4), SITE)
+    assert not torch.allclose(own, drifted)  # without the written levels: nu from the programmed ones
 
 
 def test_the_ideal_crossbar_has_no_effect_and_the_settings_switch_them_on() -> None:

@@ -46,7 +46,8 @@ class Site:
     ``tile``; a read effect that asks for it (:attr:`Effect.needs_input_energy`) gets ``input_energy``, Σ x²
     over the tile's rows for every partial sum's input digits, (Sx·N, 1, H', W'); a convert effect gets the
     tile's ADCs: ``adc_step``, ``code_min`` and ``code_max`` per column, (1, Sw·O, 1, 1); a read effect that
-    needs the array gets the ``array`` (:class:`Tile`)."""
+    needs the array gets the ``array`` (:class:`Tile`); a ``perturb`` effect gets the levels the cells were
+    written to, ``written`` (O, K), before the ``program`` effects."""
 
     seed: int
     layer: str
@@ -56,6 +57,7 @@ class Site:
     code_min: torch.Tensor | None = None
     code_max: torch.Tensor | None = None
     array: Tile | None = None
+    written: torch.Tensor | None = None
 
     def chip_generator(self, effect: str) -> torch.Generator:
         """A generator for what ``effect`` draws once per chip at this site (an ADC's offset, say): seeded

@@ -10,14 +10,18 @@ in levels, by ``weight_noise_model``:
 * ``pcm`` (aihwkit's ``PCMLikeNoiseModel.apply_programming_noise_to_conductance``, ``prog_coeff`` fitted to
   PCM by Nandakumar et al., ICECS 2019): σ = ``weight_noise`` × (0.26348 + 1.9650·ĝ - 1.1731·ĝ²) / 25 × the
   range, ĝ = |level| / range (aihwkit's σ in µS at g_max = 25 µS; ``weight_noise`` is its
-  ``prog_noise_scale``, 1 as published);
+  ``prog_noise_scale``, 1 as published), as aihwkit applies it: on **both** cells of the pair, the empty one
+  (target 0, σ = 1.05 % of the range) included, each clamped at 0 (no negative conductance), the weight
+  their difference;
+* ``pcm_signed``: the same σ on the pair's signed level (below), the empty cell noiseless, nothing clamped
+  (this tool's ``pcm`` before issue 62);
 * ``sonos`` (CrossSim's ``simulator/devices/custom/SONOS.py`` at t = 0, fitted to 40 nm SONOS by Agrawal
   et al., IEDM 2022): σ = ``weight_noise`` × A·(1 - exp(-I/B)) / Imax × the range, I = ĝ·Imax the drain
   current, A = 19.88665 nA, B = 176.3115 nA, Imax = 0.06 V / 35 kΩ (CrossSim's DNN read voltage for SONOS
   and ``SONOS-TCAS.json``'s Rmin).
 
-The noise acts on the pair's signed level (sign × digit): the cell of the pair that holds nothing gets none,
-and no level is clamped at zero (aihwkit clamps each conductance at 0)."""
+Except under ``pcm``, the noise acts on the pair's signed level (sign × digit): the cell of the pair that
+holds nothing gets none, and no level is clamped at zero."""
 
 from __future__ import annotations
 
@@ -55,7 +59,7 @@ class ProgrammingNoise(Effect):
 
     def relative_sigma(self, level: torch.Tensor) -> torch.Tensor | float:
         """σ as a fraction of the cell's range at the relative level ĝ (0..1) the cell was written to."""
-        if self.model == "pcm":
+        if self.model in ("pcm", "pcm_signed"):
             c0, c1, c2 = PCM_PROG_COEFF
             return self.sigma * (c0 + c1 * level + c2 * level**2) / PCM_G_MAX
         if self.model == "sonos":
@@ -69,7 +73,14 @@ class ProgrammingNoise(Effect):
         self, values: torch.Tensor, crossbar: Crossbar, generator: torch.Generator, site: Site
     ) -> torch.Tensor:
         """Levels + σ(ĝ)·(2^bits_per_cell - 1)·n, n standard normal: one ``torch.randn`` of the levels' shape
-        in float64 from the chip's generator."""
-        noise = torch.randn(values.shape, generator=generator, dtype=torch.float64)
+        in float64 from the chip's generator; under ``pcm`` each cell of the pair (the positive one's draw
+        first) gets its own noise and is clamped at 0, the level their difference."""
         full = 2**crossbar.bits_per_cell - 1
-        return values + self.relative_sigma(values.abs() / full) * full * noise
+        if self.model != "pcm":
+            noise = torch.randn(values.shape, generator=generator, dtype=torch.float64)
+            return values + self.relative_sigma(values.abs() / full) * full * noise
+        programmed = []
+        for cell in (values.clamp(min=0), (-values).clamp(min=0)):
+            noise = torch.randn(values.shape, generator=generator, dtype=torch.float64)
+            programmed.append((cell + self.relative_sigma(cell / full) * full * noise).clamp(min=0))
+        return programmed[0] - programmed[1]
