@@ -26,7 +26,8 @@ Parts (``--parts``):
 * ``preset``: both tools, ideal and 8-bit ADC, ``--chips`` chips (aihwkit: ``torch.manual_seed(chip)`` before
   ``program_analog_weights``; this tool: noise seeds 0..chips-1, as a run's ``device.noise_seeds``), each read
   at every ``--times``;
-* ``drift``: drift alone (no programming noise), 128 rows, 8-bit ADC, with and without compensation;
+* ``drift``: drift alone (no programming noise), 128 rows, 8-bit and ideal ADC (``--drift-adcs``), with and
+  without compensation;
 * ``switches`` (aihwkit only, 8-bit ADC, 512 rows): aihwkit changed cumulatively, one switch at a time, into
   this tool's model: (1) programming noise on the pair's signed weight, no clamp at 0 (this tool's ``pcm``
   model) instead of on both conductances clamped at 0; (2) nu drawn from the programmed weight instead of the
@@ -270,6 +271,26 @@ def summary(values: list[float]) -> tuple[float, float, int]:
     return float(array.mean()), float(array.std(ddof=1)) if len(array) > 1 else 0.0, len(array)
 
 
+def when(t: str | float) -> str:
+    """A time since programming as a person reads it."""
+    names = {0: "0", 3600: "1 hour", 86400: "1 day", 31536000: "1 year", 315360000: "10 years"}
+    return names.get(int(float(t)), f"{float(t):g} s")
+
+
+def compared(theirs: list[float] | None, ours: list[float] | None) -> list[str]:
+    """Table cells: each tool's mean ± std (chips), the difference this tool - aihwkit ± its standard error
+    √(s₁²/n₁ + s₂²/n₂), and whether the difference is within one standard error."""
+    stats = [summary(values) if values else None for values in (theirs, ours)]
+    cells = [
+        f"{mean:.2f} ± {std:.2f}" if stat else "" for stat in stats for mean, std, _ in [stat or (0, 0, 0)]
+    ]
+    if None in stats:
+        return [*cells, "", ""]
+    (m1, s1, n1), (m2, s2, n2) = stats
+    se = math.sqrt(s1**2 / n1 + s2**2 / n2)
+    return [*cells, f"{m2 - m1:+.2f} ± {se:.2f}", "yes" if abs(m2 - m1) <= se else "no"]
+
+
 def table(results: dict) -> None:
     """The side-by-side tables: per configuration and time, each tool's mean ± std over its chips, the
     difference this tool - aihwkit and its standard error √(s₁²/n₁ + s₂²/n₂)."""
@@ -278,36 +299,27 @@ def table(results: dict) -> None:
         f"\n{meta.get('images', '?')} test images; {meta.get('cpu', '?')}; commit {meta.get('commit', '?')}"
     )
     for part in ("preset", "drift"):
-        for config, tools in results.get(part, {}).items():
-            theirs = tools.get("aihwkit", {})
-            for label in [name for name in tools if name != "aihwkit"] or ["resnet8ptq"]:
-                ours = tools.get(label, {})
-                print(f"\n{part}: {config}: aihwkit {VERSION} and {label}")
-                print("| t (s) | aihwkit | this tool | difference | SE of difference | within 1 SE |")
-                print("|---|---|---|---|---|---|")
+        configs = results.get(part, {})
+        labels = sorted({label for tools in configs.values() for label in tools if label != "aihwkit"})
+        for label in labels or ["resnet8ptq"]:
+            print(f"\n{part}: aihwkit {VERSION} and {label} (%, mean ± std over the chips)")
+            print("| setting | t | aihwkit | this tool | difference ± SE | within 1 SE |")
+            print("|---|---|---|---|---|---|")
+            for config, tools in configs.items():
+                theirs, ours = tools.get("aihwkit", {}), tools.get(label, {})
                 for t in sorted(set(theirs) | set(ours), key=float):
-                    cells, stats = [], []
-                    for values in (theirs.get(t), ours.get(t)):
-                        if values:
-                            mean, std, n = summary(values)
-                            stats.append((mean, std, n))
-                            cells.append(f"{mean:.2f} ± {std:.2f} ({n})")
-                        else:
-                            cells.append("")
-                    if len(stats) == 2:
-                        (m1, s1, n1), (m2, s2, n2) = stats
-                        se = math.sqrt(s1**2 / n1 + s2**2 / n2)
-                        cells += [f"{m2 - m1:+.2f}", f"{se:.2f}", "yes" if abs(m2 - m1) <= se else "no"]
-                    else:
-                        cells += ["", "", ""]
-                    print(f"| {float(t):g} | " + " | ".join(cells) + " |")
+                    print(
+                        f"| {config} | {float(t):g} | "
+                        + " | ".join(compared(theirs.get(t), ours.get(t)))
+                        + " |"
+                    )
     rows = results.get("switches", {})
     if rows:
         times = sorted({t for row in rows.values() for t in row.get("aihwkit", {})}, key=float)
         print(
             "\nswitches: aihwkit (8-bit ADC, 512 rows) changed one switch at a time (mean ± std over chips)"
         )
-        print("| aihwkit with | " + " | ".join(f"t = {float(t):g} s" for t in times) + " |")
+        print("| aihwkit with | " + " | ".join(f"t = {when(t)}" for t in times) + " |")
         print("|---|" + "---|" * len(times))
         ours = results.get("preset", {}).get("8-bit ADC", {}).get("resnet8ptq", {})
         for name in [*SWITCHES, "this tool (pcm preset)"]:
@@ -329,6 +341,9 @@ def main() -> None:
     parser.add_argument("--parts", type=listed(str), default=["preset", "drift", "switches"])
     parser.add_argument("--tools", type=listed(str), default=["aihwkit", "resnet8ptq"])
     parser.add_argument("--save", type=Path, help="merge the accuracies into this JSON file")
+    parser.add_argument(
+        "--drift-adcs", type=listed(str), default=["8", "ideal"], help="the drift part's ADCs: 8, ideal"
+    )
     parser.add_argument("--as", dest="label", default="resnet8ptq", help="this tool's name in the results")
     parser.add_argument("--table", type=Path, nargs="+", help="print the tables of saved files; run nothing")
     args = parser.parse_args()
@@ -341,6 +356,7 @@ def main() -> None:
     unknown = set(args.parts) - {"preset", "drift", "switches"} | set(args.tools) - {"aihwkit", "resnet8ptq"}
     if unknown:
         sys.exit(f"unknown parts or tools: {', '.join(sorted(unknown))}")
+    args.drift_adcs = [adc == "8" for adc in args.drift_adcs]
     torch.set_num_threads(1)
     keep_freed_memory()  # the allocator a run sets (resnet8ptq/memory.py): freed blocks kept, not unmapped
     started = time.perf_counter()
@@ -399,9 +415,11 @@ def main() -> None:
         for adc in (False, True):
             both("preset", "8-bit ADC" if adc else "ideal ADC", 512, adc)
     if "drift" in args.parts:
-        for compensation in (False, True):
-            name = f"drift alone, 128 rows, {'with' if compensation else 'no'} compensation"
-            both("drift", name, 128, True, programming_noise=False, compensation=compensation)
+        for adc in args.drift_adcs:
+            for compensation in (False, True):
+                kind, with_ = "8-bit" if adc else "ideal", "with" if compensation else "no"
+                name = f"128 rows, {kind} ADC, {with_} compensation"
+                both("drift", name, 128, adc, programming_noise=False, compensation=compensation)
     if "switches" in args.parts and "aihwkit" in args.tools:
         preset = preset_device(noise_seeds=args.chips)
         steps = adc_steps(model, preset, given.calibration, profiles)
