@@ -28,13 +28,14 @@ Parts (``--parts``):
   at every ``--times``;
 * ``drift``: drift alone (no programming noise), 128 rows, 8-bit and ideal ADC (``--drift-adcs``), with and
   without compensation;
-* ``switches`` (aihwkit only, 8-bit ADC, 512 rows): aihwkit changed cumulatively, one switch at a time, into
-  this tool's model: (1) programming noise on the pair's signed weight, no clamp at 0 (this tool's ``pcm``
-  model) instead of on both conductances clamped at 0; (2) nu drawn from the programmed weight instead of the
-  target conductance; (3) the exact compensation Σ|W(t0)| / Σ|W(t)| of the tile's cells instead of
-  aihwkit's read of one-hot inputs through the tile's ADC; (4) the ADC full scale from this tool's
-  calibration (``out_bound`` per layer, as bench/aihwkit_lightning.py) instead of 10; (5) the DAC on this
-  tool's input grid (``inp_res = 510``: 255 steps over a non-negative input) instead of 127.
+* ``switches`` (aihwkit only, 8-bit ADC, 512 rows; ``switches-ideal``: the ideal ADC): aihwkit changed
+  cumulatively, one switch at a time, into this tool's model before issue 62 (now ``pcm_signed``):
+  (1) programming noise on the pair's signed weight, no clamp at 0, instead of on both conductances clamped
+  at 0; (2) nu drawn from the programmed weight instead of the target conductance; (3) the exact
+  compensation Σ|W(t0)| / Σ|W(t)| of the tile's cells instead of aihwkit's read of one-hot inputs through
+  the tile's ADC; (4) the ADC full scale from this tool's calibration (``out_bound`` per layer, as
+  bench/aihwkit_lightning.py) instead of 10; (5) the DAC on this tool's input grid (``inp_res = 510``: 255
+  steps over a non-negative input) instead of 127.
 
 Not switchable inside aihwkit: this tool's int8 weights (aihwkit's are float) and its 8-bit activations
 requantized after every layer (aihwkit's stay float between tiles): the ``switches`` part's last row against
@@ -43,7 +44,8 @@ this tool's preset row is what those two, with the ADC's asymmetric per-column w
 Usage: RESNET8PTQ_ASSETS=../shared .venv/bin/python bench/aihwkit_pcm.py [--images 2000] [--chips 10] \
     [--times 0,3600,86400,31536000] [--parts preset,drift,switches] [--tools aihwkit,resnet8ptq] \
     [--save FILE.json] [--table FILE.json ...]
-``--save`` merges this run's accuracies into FILE (the two tools can run in two processes, one core each);
+``--save`` merges this run's accuracies into FILE (the two tools can run in two processes, one core each,
+each with a file of its own), and the switches reuse the aihwkit preset's chips found there;
 ``--table`` prints the tables from saved files without running anything. One thread per process.
 """
 
@@ -309,27 +311,24 @@ def table(results: dict) -> None:
                 theirs, ours = tools.get("aihwkit", {}), tools.get(label, {})
                 for t in sorted(set(theirs) | set(ours), key=float):
                     print(
-                        f"| {config} | {float(t):g} | "
-                        + " | ".join(compared(theirs.get(t), ours.get(t)))
-                        + " |"
+                        f"| {config} | {when(t)} | " + " | ".join(compared(theirs.get(t), ours.get(t))) + " |"
                     )
-    rows = results.get("switches", {})
-    if rows:
+    for part, adc in (("switches", "8-bit ADC"), ("switches-ideal", "ideal ADC")):
+        rows = results.get(part, {})
+        if not rows:
+            continue
         times = sorted({t for row in rows.values() for t in row.get("aihwkit", {})}, key=float)
-        print(
-            "\nswitches: aihwkit (8-bit ADC, 512 rows) changed one switch at a time (mean ± std over chips)"
-        )
+        print(f"\n{part}: aihwkit ({adc}, 512 rows) changed one switch at a time (%, mean ± std over chips)")
         print("| aihwkit with | " + " | ".join(f"t = {when(t)}" for t in times) + " |")
         print("|---|" + "---|" * len(times))
-        ours = results.get("preset", {}).get("8-bit ADC", {}).get("resnet8ptq", {})
-        for name in [*SWITCHES, "this tool (pcm preset)"]:
-            row = ours if name.startswith("this tool") else rows.get(name, {}).get("aihwkit")
+        for label, tools in [
+            *rows.items(),
+            ("this tool: pcm preset", results.get("preset", {}).get(adc, {})),
+        ]:
+            row = tools.get("aihwkit" if label in SWITCHES else "resnet8ptq")
             if row:
-                print(
-                    f"| {name} | "
-                    + " | ".join("{:.2f} ± {:.2f}".format(*summary(row[t])[:2]) for t in times)
-                    + " |"
-                )
+                cells = ("{:.2f} ± {:.2f}".format(*summary(row[t])[:2]) if t in row else "" for t in times)
+                print(f"| {label} | " + " | ".join(cells) + " |")
 
 
 def main() -> None:
@@ -353,7 +352,10 @@ def main() -> None:
             deep_merge(results, json.loads(path.read_text()))
         table(results)
         return
-    unknown = set(args.parts) - {"preset", "drift", "switches"} | set(args.tools) - {"aihwkit", "resnet8ptq"}
+    unknown = set(args.parts) - {"preset", "drift", "switches", "switches-ideal"} | set(args.tools) - {
+        "aihwkit",
+        "resnet8ptq",
+    }
     if unknown:
         sys.exit(f"unknown parts or tools: {', '.join(sorted(unknown))}")
     args.drift_adcs = [adc == "8" for adc in args.drift_adcs]
@@ -367,7 +369,14 @@ def main() -> None:
     commit = os.popen(f"git -C {REPO} rev-parse --short HEAD").read().strip()
     print(f"CPU: {cpu}; torch {torch.__version__}, 1 thread; aihwkit {VERSION if kit else '-'}; "
           f"{len(images)} test images; {args.chips} chips; times {args.times}", flush=True)  # fmt: skip
-    results: dict = {"meta": {"images": len(images), "cpu": cpu, "commit": commit, "chips": args.chips}}
+    meta = {"images": len(images), "cpu": cpu, "commit": commit, "chips": args.chips}
+    saved = json.loads(args.save.read_text()) if args.save and args.save.exists() else {}
+    if saved and {key: saved["meta"].get(key) for key in ("images", "chips")} != {
+        "images": len(images),
+        "chips": args.chips,
+    }:
+        sys.exit(f"{args.save} holds results of other images or chips: {saved['meta']}")  # fmt: skip
+    results: dict = deep_merge(saved, {"meta": meta})  # a preset's chips already run are reused
     with tempfile.TemporaryDirectory() as tmp:
         canonical = canonical_model(Path(tmp))
         fp32 = onnx_to_torch(canonical.onnx_path)
@@ -420,19 +429,25 @@ def main() -> None:
                 kind, with_ = "8-bit" if adc else "ideal", "with" if compensation else "no"
                 name = f"128 rows, {kind} ADC, {with_} compensation"
                 both("drift", name, 128, adc, programming_noise=False, compensation=compensation)
-    if "switches" in args.parts and "aihwkit" in args.tools:
+    switched = [part for part in ("switches", "switches-ideal") if part in args.parts]
+    if switched and "aihwkit" in args.tools:
         preset = preset_device(noise_seeds=args.chips)
         steps = adc_steps(model, preset, given.calibration, profiles)
         calibrated = out_bounds(model, steps, pairs, 512)
         bounds = [(pairs[name].weight, median) for name, (median, _, _) in calibrated.items()]
+    for part in switched if "aihwkit" in args.tools else []:
+        adc = part == "switches"
+        baseline = results.get("preset", {}).get("8-bit ADC" if adc else "ideal ADC", {}).get("aihwkit")
         for count, name in enumerate(SWITCHES):
+            if count == 4 and not adc:
+                continue  # no ADC range to calibrate
             start = time.perf_counter()
-            if count == 0 and "8-bit ADC" in results.get("preset", {}):
-                accuracies = results["preset"]["8-bit ADC"]["aihwkit"]  # the same chips: not run twice
+            if count == 0 and baseline:
+                accuracies = baseline  # the same chips: not run twice
             else:
                 accuracies = run_aihwkit(kit, fp32, ranges, test, labels, args.chips, args.times, rows=512,
-                                         adc=True, switches=count, bounds=bounds)  # fmt: skip
-            record("switches", name, "aihwkit", accuracies, time.perf_counter() - start)
+                                         adc=adc, switches=count, bounds=bounds)  # fmt: skip
+            record(part, name, "aihwkit", accuracies, time.perf_counter() - start)
     table(results)
     print(f"Total {time.perf_counter() - started:.0f} s")
 
