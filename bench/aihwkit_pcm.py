@@ -28,6 +28,8 @@ Parts (``--parts``):
   at every ``--times``;
 * ``drift``: drift alone (no programming noise), 128 rows, 8-bit and ideal ADC (``--drift-adcs``), with and
   without compensation;
+* ``weights``: the preset's chips of both tools (ideal ADC) as weights of the FP32 model (float activations,
+  no converters): only the weight models (programming noise, drift, compensation) differ;
 * ``switches`` (aihwkit only, 8-bit ADC, 512 rows; ``switches-ideal``: the ideal ADC): aihwkit changed
   cumulatively, one switch at a time, into this tool's model before issue 62 (now ``pcm_signed``):
   (1) programming noise on the pair's signed weight, no clamp at 0, instead of on both conductances clamped
@@ -223,6 +225,67 @@ def run_aihwkit(kit: dict, fp32, ranges, images, labels, chips: int, times: list
     return result
 
 
+def with_weights(fp32: torch.nn.Module, weights: dict[str, torch.Tensor]) -> torch.nn.Module:
+    """A copy of ``fp32`` with the layers named in ``weights`` holding those weights (float arithmetic)."""
+    model = copy.deepcopy(fp32)
+    modules = dict(model.named_modules())
+    for name, weight in weights.items():
+        modules[name].weight.data = weight.reshape(modules[name].weight.shape).to(torch.float32)
+    return model
+
+
+def aihwkit_weights(analog: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The weights an aihwkit chip computes with now: each tile's (drifted) weights with its digital column
+    scales and its drift compensation, the tiles side by side along the inputs; per layer name."""
+    return {
+        name: torch.cat(
+            [
+                torch.as_tensor(tile.get_weights(apply_weight_scaling=True)[0]) * tile.alpha
+                for tile in layer.analog_tiles()
+            ],
+            dim=1,
+        )
+        for name, layer in analog.named_analog_layers()
+    }
+
+
+def our_weights(
+    model, device: DeviceConfig, chip: int, steps, names: dict[str, str]
+) -> dict[str, torch.Tensor]:
+    """The weights this tool's chip computes with: each layer's cells (programmed, drifted) as levels times
+    its drift compensation and its int8 scales; per FP32 layer name (``names``: integer layer -> FP32)."""
+    crossbar = arithmetic(device, chip, steps)
+    weights = {}
+    for conv in model.convs:
+        levels = sum(cells * 2.0**shift for cells, shift in crossbar.weight_slices(conv))
+        scale = crossbar._compensation.get(conv.name, 1.0) * torch.from_numpy(
+            conv.weight_scale.astype(np.float64)
+        )
+        weights[names[conv.name]] = levels * scale[:, None]
+    return weights
+
+
+def run_weights(kit, fp32, ranges, model, preset, steps, names, images, labels, chips, times) -> dict:
+    """Both tools' chips as weights in the FP32 model: float activations, no DAC or ADC, so that only the
+    weight models (programming noise, drift, compensation) differ; accuracy per tool, time and chip."""
+    analog = aihwkit_model(kit, fp32, ranges, rows=preset.rows, adc=False)
+    result: dict[str, dict[str, list[float]]] = {"aihwkit": {}, "resnet8ptq": {}}
+    for chip in range(chips):
+        torch.manual_seed(chip)
+        analog.program_analog_weights()
+        for t in times:
+            analog.drift_analog_weights(t)
+            device = replace(preset, t_inference=float(t))
+            for tool, weights in (
+                ("aihwkit", aihwkit_weights(analog)),
+                ("resnet8ptq", our_weights(model, device, chip, steps, names)),
+            ):
+                result[tool].setdefault(str(t), []).append(
+                    accuracy(with_weights(fp32, weights), images, labels)[0]
+                )
+    return result
+
+
 def run_ours(model, preset: DeviceConfig, calibration, images, labels, chips, times, profiles) -> dict:
     """This tool's accuracy per time and chip (noise seeds 0..chips-1); the ADC ranges calibrated once, on
     the fresh ideal crossbar, as a run does."""
@@ -300,8 +363,10 @@ def table(results: dict) -> None:
     print(
         f"\n{meta.get('images', '?')} test images; {meta.get('cpu', '?')}; commit {meta.get('commit', '?')}"
     )
-    for part in ("preset", "drift"):
+    for part in ("preset", "drift", "weights"):
         configs = results.get(part, {})
+        if not configs:
+            continue
         labels = sorted({label for tools in configs.values() for label in tools if label != "aihwkit"})
         for label in labels or ["resnet8ptq"]:
             print(f"\n{part}: aihwkit {VERSION} and {label} (%, mean ± std over the chips)")
@@ -352,7 +417,9 @@ def main() -> None:
             deep_merge(results, json.loads(path.read_text()))
         table(results)
         return
-    unknown = set(args.parts) - {"preset", "drift", "switches", "switches-ideal"} | set(args.tools) - {
+    unknown = set(args.parts) - {"preset", "drift", "weights", "switches", "switches-ideal"} | set(
+        args.tools
+    ) - {
         "aihwkit",
         "resnet8ptq",
     }
@@ -429,6 +496,17 @@ def main() -> None:
                 kind, with_ = "8-bit" if adc else "ideal", "with" if compensation else "no"
                 name = f"128 rows, {kind} ADC, {with_} compensation"
                 both("drift", name, 128, adc, programming_noise=False, compensation=compensation)
+    if "weights" in args.parts and "aihwkit" in args.tools:
+        start, preset = time.perf_counter(), preset_device(adc_bits=None, noise_seeds=args.chips)
+        layer_names = {conv.name: names[id(pairs[conv.name])] for conv in model.convs}
+        both_weights = run_weights(
+            kit, fp32, ranges, model, preset, {}, layer_names, test, labels, args.chips, args.times
+        )
+        for tool, accuracies in both_weights.items():
+            label = tool if tool == "aihwkit" else args.label
+            record(
+                "weights", "preset's chips as FP32 weights", label, accuracies, time.perf_counter() - start
+            )
     switched = [part for part in ("switches", "switches-ideal") if part in args.parts]
     if switched and "aihwkit" in args.tools:
         preset = preset_device(noise_seeds=args.chips)
