@@ -406,6 +406,9 @@ def main() -> None:
     parser.add_argument("--tools", type=listed(str), default=["aihwkit", "resnet8ptq"])
     parser.add_argument("--save", type=Path, help="merge the accuracies into this JSON file")
     parser.add_argument(
+        "--preset-adcs", type=listed(str), default=["ideal", "8"], help="the preset part's ADCs: ideal, 8"
+    )
+    parser.add_argument(
         "--drift-adcs", type=listed(str), default=["8", "ideal"], help="the drift part's ADCs: 8, ideal"
     )
     parser.add_argument("--as", dest="label", default="resnet8ptq", help="this tool's name in the results")
@@ -426,6 +429,7 @@ def main() -> None:
     if unknown:
         sys.exit(f"unknown parts or tools: {', '.join(sorted(unknown))}")
     args.drift_adcs = [adc == "8" for adc in args.drift_adcs]
+    args.preset_adcs = [adc == "8" for adc in args.preset_adcs]
     torch.set_num_threads(1)
     keep_freed_memory()  # the allocator a run sets (resnet8ptq/memory.py): freed blocks kept, not unmapped
     started = time.perf_counter()
@@ -488,7 +492,7 @@ def main() -> None:
             )
 
     if "preset" in args.parts:
-        for adc in (False, True):
+        for adc in args.preset_adcs:
             both("preset", "8-bit ADC" if adc else "ideal ADC", 512, adc)
     if "drift" in args.parts:
         for adc in args.drift_adcs:
