@@ -266,20 +266,25 @@ def our_weights(
 
 
 def run_weights(kit, fp32, ranges, model, preset, steps, names, images, labels, chips, times) -> dict:
-    """Both tools' chips as weights in the FP32 model: float activations, no DAC or ADC, so that only the
-    weight models (programming noise, drift, compensation) differ; accuracy per tool, time and chip."""
-    analog = aihwkit_model(kit, fp32, ranges, rows=preset.rows, adc=False)
-    result: dict[str, dict[str, list[float]]] = {"aihwkit": {}, "resnet8ptq": {}}
+    """The tools' chips (aihwkit's when ``kit`` is given, and this tool's) as weights in the FP32 model: float
+    activations, no DAC or ADC, so that only the weight models (programming noise, drift, compensation)
+    differ; accuracy per tool, time and chip."""
+    analog = aihwkit_model(kit, fp32, ranges, rows=preset.rows, adc=False) if kit else None
+    result: dict[str, dict[str, list[float]]] = (
+        {"aihwkit": {}, "resnet8ptq": {}} if kit else {"resnet8ptq": {}}
+    )
     for chip in range(chips):
-        torch.manual_seed(chip)
-        analog.program_analog_weights()
+        if analog is not None:
+            torch.manual_seed(chip)
+            analog.program_analog_weights()
         for t in times:
-            analog.drift_analog_weights(t)
-            device = replace(preset, t_inference=float(t))
-            for tool, weights in (
-                ("aihwkit", aihwkit_weights(analog)),
-                ("resnet8ptq", our_weights(model, device, chip, steps, names)),
-            ):
+            tools = [
+                ("resnet8ptq", our_weights(model, replace(preset, t_inference=float(t)), chip, steps, names))
+            ]
+            if analog is not None:
+                analog.drift_analog_weights(t)
+                tools.insert(0, ("aihwkit", aihwkit_weights(analog)))
+            for tool, weights in tools:
                 result[tool].setdefault(str(t), []).append(
                     accuracy(with_weights(fp32, weights), images, labels)[0]
                 )
@@ -411,6 +416,10 @@ def main() -> None:
     parser.add_argument(
         "--drift-adcs", type=listed(str), default=["8", "ideal"], help="the drift part's ADCs: 8, ideal"
     )
+    parser.add_argument(
+        "--weight-noise-model",
+        help="this tool's device.weight_noise_model instead of the preset's (pcm_signed)",
+    )
     parser.add_argument("--as", dest="label", default="resnet8ptq", help="this tool's name in the results")
     parser.add_argument("--table", type=Path, nargs="+", help="print the tables of saved files; run nothing")
     args = parser.parse_args()
@@ -430,6 +439,7 @@ def main() -> None:
         sys.exit(f"unknown parts or tools: {', '.join(sorted(unknown))}")
     args.drift_adcs = [adc == "8" for adc in args.drift_adcs]
     args.preset_adcs = [adc == "8" for adc in args.preset_adcs]
+    args.our_settings = {"weight_noise_model": args.weight_noise_model} if args.weight_noise_model else {}
     torch.set_num_threads(1)
     keep_freed_memory()  # the allocator a run sets (resnet8ptq/memory.py): freed blocks kept, not unmapped
     started = time.perf_counter()
@@ -477,7 +487,9 @@ def main() -> None:
                 device = preset_device(
                     rows=rows,
                     adc_bits=8 if adc else None,
-                    **({} if settings.get("programming_noise", True) else NO_PROGRAMMING_NOISE),
+                    **(
+                        args.our_settings if settings.get("programming_noise", True) else NO_PROGRAMMING_NOISE
+                    ),
                     drift_compensation=settings.get("compensation", True),
                     noise_seeds=args.chips,
                 )
@@ -500,8 +512,9 @@ def main() -> None:
                 kind, with_ = "8-bit" if adc else "ideal", "with" if compensation else "no"
                 name = f"128 rows, {kind} ADC, {with_} compensation"
                 both("drift", name, 128, adc, programming_noise=False, compensation=compensation)
-    if "weights" in args.parts and "aihwkit" in args.tools:
-        start, preset = time.perf_counter(), preset_device(adc_bits=None, noise_seeds=args.chips)
+    if "weights" in args.parts:
+        start = time.perf_counter()
+        preset = preset_device(adc_bits=None, noise_seeds=args.chips, **args.our_settings)
         layer_names = {conv.name: names[id(pairs[conv.name])] for conv in model.convs}
         both_weights = run_weights(
             kit, fp32, ranges, model, preset, {}, layer_names, test, labels, args.chips, args.times
