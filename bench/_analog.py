@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +20,11 @@ from resnet8ptq.device.cim import tile_sizes
 from resnet8ptq.device.graph import Conv, IntegerModel
 
 BATCH = 250
+
+
+def listed(kind: type) -> Callable[[str], list]:
+    """An argparse type: a comma-separated list of ``kind``."""
+    return lambda text: [kind(item) for item in text.split(",") if item]
 
 
 def install_target(requirement: str, site: Path) -> None:

@@ -66,7 +66,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from _analog import accuracy, input_range, install_target, out_bounds, pair_layers  # noqa: E402
+from _analog import accuracy, input_range, install_target, listed, out_bounds, pair_layers  # noqa: E402
 from _int8 import canonical_model, inputs, quantized_int8  # noqa: E402  (bench/_int8.py)
 
 from resnet8ptq.backends.onnx.integer import integer_model  # noqa: E402
@@ -111,7 +111,6 @@ def import_lightning():
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    listed = lambda kind: lambda text: [kind(item) for item in text.split(",") if item]  # noqa: E731
     parser.add_argument("--images", type=int, default=2000, help="first N test images (10000: all)")
     parser.add_argument("--rows", type=int, default=128)
     parser.add_argument("--bits", type=listed(int), default=[4, 5, 6, 8])

@@ -77,7 +77,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from _analog import accuracy, input_range, install_target, out_bounds, pair_layers  # noqa: E402
+from _analog import accuracy, input_range, install_target, listed, out_bounds, pair_layers  # noqa: E402
 from _int8 import canonical_model, inputs, quantized_int8  # noqa: E402
 
 from resnet8ptq.backends.onnx.integer import integer_model  # noqa: E402
@@ -403,11 +403,10 @@ def table(results: dict) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    listed = lambda kind: lambda text: [kind(item) for item in text.split(",") if item]  # noqa: E731
     parser.add_argument("--images", type=int, default=2000, help="first N test images (10000: all)")
     parser.add_argument("--chips", type=int, default=10)
     parser.add_argument("--times", type=listed(float), default=[0, 3600, 86400, 31536000])
-    parser.add_argument("--parts", type=listed(str), default=["preset", "drift", "switches"])
+    parser.add_argument("--parts", type=listed(str), default=["preset", "drift", "weights", "switches"])
     parser.add_argument("--tools", type=listed(str), default=["aihwkit", "resnet8ptq"])
     parser.add_argument("--save", type=Path, help="merge the accuracies into this JSON file")
     parser.add_argument(
