@@ -39,6 +39,7 @@ cells, a clipping DAC (``device.config.check_learnable`` refuses those layouts),
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from typing import TYPE_CHECKING
 
@@ -203,9 +204,9 @@ class CrossbarLayer(torch.nn.Module):
             programmed = cells
             for effect in self.program:
                 programmed = effect.apply(programmed, self.crossbar, self.chips, self.site)
-            held = programmed
+            held, site = programmed, dataclasses.replace(self.site, written=cells)
             for effect in self.perturb:
-                held = effect.apply(held, self.crossbar, self.chips, self.site)
+                held = effect.apply(held, self.crossbar, self.chips, site)
             change = (held - cells).reshape(weight.shape).to(weight.dtype)
         compensation = (
             drift_compensation([programmed], [(held, 0)]) if self.crossbar.drift_compensation else None
