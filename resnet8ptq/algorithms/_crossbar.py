@@ -39,7 +39,6 @@ cells, a clipping DAC (``device.config.check_learnable`` refuses those layouts),
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 from typing import TYPE_CHECKING
 
@@ -51,7 +50,7 @@ from resnet8ptq.device.adc import STEP_FRACTION_BITS, Geometry, LayerSteps, Part
 from resnet8ptq.device.adc_ranges import AdcRule, calibrated_steps
 from resnet8ptq.device.cells import drift_compensation
 from resnet8ptq.device.cim import tile_sizes
-from resnet8ptq.device.effects import Site, configured
+from resnet8ptq.device.effects import Site, configured, on_the_chip
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -201,12 +200,9 @@ class CrossbarLayer(torch.nn.Module):
         and the layer's drift compensation, if the crossbar has it (else ``None``)."""
         with torch.no_grad():
             cells = weight.detach().to(torch.float64).reshape(len(weight), -1)
-            programmed = cells
-            for effect in self.program:
-                programmed = effect.apply(programmed, self.crossbar, self.chips, self.site)
-            held, site = programmed, dataclasses.replace(self.site, written=cells)
-            for effect in self.perturb:
-                held = effect.apply(held, self.crossbar, self.chips, site)
+            programmed, held = on_the_chip(
+                cells, self.program, self.perturb, self.crossbar, self.chips, self.site
+            )
             change = (held - cells).reshape(weight.shape).to(weight.dtype)
         compensation = (
             drift_compensation([programmed], [(held, 0)]) if self.crossbar.drift_compensation else None

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import replace
 
 import numpy as np
 import torch
@@ -43,7 +42,7 @@ import torch
 from resnet8ptq.device.adc import Geometry, LayerSteps, PartialSumProfile
 from resnet8ptq.device.cells import cell_digits, drift_compensation
 from resnet8ptq.device.config import Crossbar
-from resnet8ptq.device.effects import STEPS, Effect, ReadStream, Site, Tile, configured
+from resnet8ptq.device.effects import STEPS, Effect, ReadStream, Site, Tile, configured, on_the_chip
 from resnet8ptq.device.executor import EXACT_FLOAT32, Arithmetic, integer_conv2d, zero_pad
 from resnet8ptq.device.graph import Conv
 
@@ -166,13 +165,11 @@ class CrossbarArithmetic(Arithmetic):
             site = Site(self.seed, layer.name)
             programmed, perturbed = [], []
             for digit, shift in slices(magnitude, c.bits_per_cell, capacity, signed=False):
-                cells = written = sign * digit
-                for effect in self.effects["program"]:
-                    cells = effect.apply(cells, c, self._generator, site)
+                cells, held = on_the_chip(
+                    sign * digit, self.effects["program"], self.effects["perturb"], c, self._generator, site
+                )
                 programmed.append(cells)
-                for effect in self.effects["perturb"]:
-                    cells = effect.apply(cells, c, self._generator, replace(site, written=written))
-                perturbed.append((cells, shift))
+                perturbed.append((held, shift))
             if c.drift_compensation:
                 self._compensation[layer.name] = drift_compensation(programmed, perturbed)
             self._weights[layer.name] = perturbed

@@ -18,6 +18,7 @@ so :meth:`~resnet8ptq.device.config.Crossbar.ideal` switches it off without an e
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING
 
 from resnet8ptq.device.effects.adc_errors import AdcErrors
@@ -30,6 +31,8 @@ from resnet8ptq.device.effects.read_noise import ReadNoise
 from resnet8ptq.device.effects.stuck_cells import StuckCells
 
 if TYPE_CHECKING:
+    import torch
+
     from resnet8ptq.device.config import Crossbar
 
 __all__ = [
@@ -48,6 +51,7 @@ __all__ = [
     "StuckCells",
     "Tile",
     "configured",
+    "on_the_chip",
 ]
 
 EFFECTS: tuple[type[Effect], ...] = (
@@ -68,3 +72,23 @@ def configured(crossbar: Crossbar, step: str) -> list[Effect]:
         raise ValueError(f"step {step!r}: expected one of {', '.join(STEPS)}.")
     found = (effect.configured(crossbar) for effect in EFFECTS if effect.step == step)
     return [effect for effect in found if effect is not None]
+
+
+def on_the_chip(
+    written: torch.Tensor,
+    program: list[Effect],
+    perturb: list[Effect],
+    crossbar: Crossbar,
+    generator: torch.Generator,
+    site: Site,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cells ``written`` (signed levels, (O, K), float64) as a programmed chip holds them: after the
+    ``program`` effects, and after the ``perturb`` effects too (which see the ``written`` levels: drift's nu),
+    all drawn from ``generator`` in that order."""
+    programmed = written
+    for effect in program:
+        programmed = effect.apply(programmed, crossbar, generator, site)
+    held, perturbed_site = programmed, dataclasses.replace(site, written=written)
+    for effect in perturb:
+        held = effect.apply(held, crossbar, generator, perturbed_site)
+    return programmed, held
