@@ -1,22 +1,30 @@
-"""What the benches against IBM's simulators (bench/aihwkit_lightning.py, bench/aihwkit_pcm.py) share: the
-simulator installed beside the project, accuracy batch by batch, and this tool's integer layers paired with
-the FP32 model's layers (their input ranges and ADC full scales in the simulators' units)."""
+"""What the benches against the field's simulators (bench/aihwkit_lightning.py, bench/aihwkit_pcm.py,
+bench/crosssim_sonos.py) share: the simulator installed beside the project, accuracy batch by batch, this
+tool's integer layers paired with the FP32 model's layers (their input ranges and ADC full scales in the
+simulators' units), this tool's chips as weights and as devices, and the results files and tables."""
 
 from __future__ import annotations
 
+import copy
 import importlib.util
+import json
+import math
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from resnet8ptq.device.cim import tile_sizes
+from resnet8ptq.device.config import DeviceConfig
+from resnet8ptq.device.evaluate import adc_steps, arithmetic
+from resnet8ptq.device.executor import execute, predictions
 from resnet8ptq.device.graph import Conv, IntegerModel
 
 BATCH = 250
@@ -113,3 +121,92 @@ def out_bounds(
         exact = real / (input_range(conv) * tile_wmax(pairs[conv.name], rows))
         result[conv.name] = (float(np.median(exact)), float(exact.min()), float(exact.max()))
     return result
+
+
+def with_weights(fp32: torch.nn.Module, weights: dict[str, torch.Tensor]) -> torch.nn.Module:
+    """A copy of ``fp32`` with the layers named in ``weights`` holding those weights (float arithmetic)."""
+    model = copy.deepcopy(fp32)
+    modules = dict(model.named_modules())
+    for name, weight in weights.items():
+        modules[name].weight.data = weight.reshape(modules[name].weight.shape).to(torch.float32)
+    return model
+
+
+def our_weights(
+    model, device: DeviceConfig, chip: int, steps, names: dict[str, str]
+) -> dict[str, torch.Tensor]:
+    """The weights this tool's chip computes with: each layer's cells (programmed, drifted) as levels times
+    its drift compensation and its int8 scales; per FP32 layer name (``names``: integer layer -> FP32)."""
+    crossbar = arithmetic(device, chip, steps)
+    weights = {}
+    for conv in model.convs:
+        levels = sum(cells * 2.0**shift for cells, shift in crossbar.weight_slices(conv))
+        scale = crossbar._compensation.get(conv.name, 1.0) * torch.from_numpy(
+            conv.weight_scale.astype(np.float64)
+        )
+        weights[names[conv.name]] = levels * scale[:, None]
+    return weights
+
+
+def run_ours(model, preset: DeviceConfig, calibration, images, labels, chips, times, profiles) -> dict:
+    """This tool's accuracy per time and chip (noise seeds 0..chips-1); the ADC ranges calibrated once, on
+    the fresh ideal crossbar, as a run does."""
+    steps = adc_steps(model, preset, calibration, profiles)
+    result: dict[str, list[float]] = {}
+    for t in times:
+        device = replace(preset, t_inference=float(t))
+        result[str(t)] = [
+            float(
+                np.mean(
+                    predictions(model, execute(model, images, arithmetic(device, chip, steps))[0]) == labels
+                )
+            )
+            for chip in range(chips)
+        ]
+    return result
+
+
+def deep_merge(target: dict, source: dict) -> dict:
+    """``source``'s nested dicts merged into ``target`` (leaves replaced); ``target``."""
+    for key, value in source.items():
+        if isinstance(value, dict) and isinstance(target.get(key), dict):
+            deep_merge(target[key], value)
+        else:
+            target[key] = value
+    return target
+
+
+def save(path: Path | None, results: dict) -> None:
+    """``results`` merged into the JSON file at ``path`` (written whole to a temporary file, then renamed)."""
+    if path is None:
+        return
+    merged = deep_merge(json.loads(path.read_text()) if path.exists() else {}, results)
+    partial = path.with_suffix(".partial")
+    partial.write_text(json.dumps(merged, indent=1))
+    partial.replace(path)
+
+
+def summary(values: list[float]) -> tuple[float, float, int]:
+    """Mean and sample standard deviation (percent) and count."""
+    array = 100 * np.asarray(values)
+    return float(array.mean()), float(array.std(ddof=1)) if len(array) > 1 else 0.0, len(array)
+
+
+def when(t: str | float) -> str:
+    """A time since programming as a person reads it."""
+    names = {0: "0", 3600: "1 hour", 86400: "1 day", 432000: "5 days", 31536000: "1 year"}
+    return names.get(int(float(t)), f"{float(t):g} s")
+
+
+def compared(theirs: list[float] | None, ours: list[float] | None) -> list[str]:
+    """Table cells: each tool's mean ± std (chips), the difference this tool - the simulator ± its standard
+    error √(s₁²/n₁ + s₂²/n₂), and whether the difference is within one standard error."""
+    stats = [summary(values) if values else None for values in (theirs, ours)]
+    cells = [
+        f"{mean:.2f} ± {std:.2f}" if stat else "" for stat in stats for mean, std, _ in [stat or (0, 0, 0)]
+    ]
+    if None in stats:
+        return [*cells, "", ""]
+    (m1, s1, n1), (m2, s2, n2) = stats
+    se = math.sqrt(s1**2 / n1 + s2**2 / n2)
+    return [*cells, f"{m2 - m1:+.2f} ± {se:.2f}", "yes" if abs(m2 - m1) <= se else "no"]

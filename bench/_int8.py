@@ -46,7 +46,11 @@ def canonical_model(cache: Path) -> CanonicalModel:
     return canonical_onnx(h5, sha256, cache)
 
 
-def quantized_int8(canonical: CanonicalModel, calibration: np.ndarray, cache: Path) -> Path:
-    """The QDQ model ONNX Runtime makes, int8 per-channel MinMax (reference path: no native kernels)."""
-    spec = QuantSpec(DtypeConfig("int8", "int8"), CalibConfig("minmax"), per_channel=True)
-    return OnnxRuntimeBackend(native=False).quantize(canonical.onnx_path, calibration, spec, cache / "q").path
+def quantized_int8(
+    canonical: CanonicalModel, calibration: np.ndarray, cache: Path, per_channel: bool = True
+) -> Path:
+    """The QDQ model ONNX Runtime makes, int8 MinMax, per-channel weights unless told otherwise (reference
+    path: no native kernels)."""
+    spec = QuantSpec(DtypeConfig("int8", "int8"), CalibConfig("minmax"), per_channel=per_channel)
+    folder = cache / ("q" if per_channel else "q-per-tensor")
+    return OnnxRuntimeBackend(native=False).quantize(canonical.onnx_path, calibration, spec, folder).path

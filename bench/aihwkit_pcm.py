@@ -63,28 +63,40 @@ import copy
 import importlib.metadata
 import io
 import json
-import math
 import sys
 import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
 import torch
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from _analog import accuracy, input_range, install_target, listed, out_bounds, pair_layers  # noqa: E402
+from _analog import (  # noqa: E402
+    accuracy,
+    compared,
+    deep_merge,
+    input_range,
+    install_target,
+    listed,
+    our_weights,
+    out_bounds,
+    pair_layers,
+    run_ours,
+    save,
+    summary,
+    when,
+    with_weights,
+)
 from _int8 import canonical_model, inputs, quantized_int8  # noqa: E402
 
 from resnet8ptq.backends.onnx.integer import integer_model  # noqa: E402
 from resnet8ptq.backends.torch.convert import onnx_to_torch  # noqa: E402
 from resnet8ptq.device.config import DeviceConfig  # noqa: E402
-from resnet8ptq.device.evaluate import adc_steps, arithmetic  # noqa: E402
-from resnet8ptq.device.executor import execute, predictions  # noqa: E402
+from resnet8ptq.device.evaluate import adc_steps  # noqa: E402
 from resnet8ptq.hardware import detect  # noqa: E402
 from resnet8ptq.memory import keep_freed_memory  # noqa: E402
 
@@ -225,15 +237,6 @@ def run_aihwkit(kit: dict, fp32, ranges, images, labels, chips: int, times: list
     return result
 
 
-def with_weights(fp32: torch.nn.Module, weights: dict[str, torch.Tensor]) -> torch.nn.Module:
-    """A copy of ``fp32`` with the layers named in ``weights`` holding those weights (float arithmetic)."""
-    model = copy.deepcopy(fp32)
-    modules = dict(model.named_modules())
-    for name, weight in weights.items():
-        modules[name].weight.data = weight.reshape(modules[name].weight.shape).to(torch.float32)
-    return model
-
-
 def aihwkit_weights(analog: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The weights an aihwkit chip computes with now: each tile's (drifted) weights with its digital column
     scales and its drift compensation, the tiles side by side along the inputs; per layer name."""
@@ -247,22 +250,6 @@ def aihwkit_weights(analog: torch.nn.Module) -> dict[str, torch.Tensor]:
         )
         for name, layer in analog.named_analog_layers()
     }
-
-
-def our_weights(
-    model, device: DeviceConfig, chip: int, steps, names: dict[str, str]
-) -> dict[str, torch.Tensor]:
-    """The weights this tool's chip computes with: each layer's cells (programmed, drifted) as levels times
-    its drift compensation and its int8 scales; per FP32 layer name (``names``: integer layer -> FP32)."""
-    crossbar = arithmetic(device, chip, steps)
-    weights = {}
-    for conv in model.convs:
-        levels = sum(cells * 2.0**shift for cells, shift in crossbar.weight_slices(conv))
-        scale = crossbar._compensation.get(conv.name, 1.0) * torch.from_numpy(
-            conv.weight_scale.astype(np.float64)
-        )
-        weights[names[conv.name]] = levels * scale[:, None]
-    return weights
 
 
 def run_weights(kit, fp32, ranges, model, preset, steps, names, images, labels, chips, times) -> dict:
@@ -291,74 +278,10 @@ def run_weights(kit, fp32, ranges, model, preset, steps, names, images, labels, 
     return result
 
 
-def run_ours(model, preset: DeviceConfig, calibration, images, labels, chips, times, profiles) -> dict:
-    """This tool's accuracy per time and chip (noise seeds 0..chips-1); the ADC ranges calibrated once, on
-    the fresh ideal crossbar, as a run does."""
-    steps = adc_steps(model, preset, calibration, profiles)
-    result: dict[str, list[float]] = {}
-    for t in times:
-        device = replace(preset, t_inference=float(t))
-        result[str(t)] = [
-            float(
-                np.mean(
-                    predictions(model, execute(model, images, arithmetic(device, chip, steps))[0]) == labels
-                )
-            )
-            for chip in range(chips)
-        ]
-    return result
-
-
 def preset_device(**overrides) -> DeviceConfig:
     """conf/device/chip/pcm.yaml as a DeviceConfig, with ``overrides``."""
     settings = yaml.safe_load(PRESET.read_text())
     return DeviceConfig(**{**settings, **overrides})
-
-
-def deep_merge(target: dict, source: dict) -> dict:
-    """``source``'s nested dicts merged into ``target`` (leaves replaced); ``target``."""
-    for key, value in source.items():
-        if isinstance(value, dict) and isinstance(target.get(key), dict):
-            deep_merge(target[key], value)
-        else:
-            target[key] = value
-    return target
-
-
-def save(path: Path | None, results: dict) -> None:
-    """``results`` merged into the JSON file at ``path`` (written whole to a temporary file, then renamed)."""
-    if path is None:
-        return
-    merged = deep_merge(json.loads(path.read_text()) if path.exists() else {}, results)
-    partial = path.with_suffix(".partial")
-    partial.write_text(json.dumps(merged, indent=1))
-    partial.replace(path)
-
-
-def summary(values: list[float]) -> tuple[float, float, int]:
-    """Mean and sample standard deviation (percent) and count."""
-    array = 100 * np.asarray(values)
-    return float(array.mean()), float(array.std(ddof=1)) if len(array) > 1 else 0.0, len(array)
-
-
-def when(t: str | float) -> str:
-    """A time since programming as a person reads it."""
-    names = {0: "0", 3600: "1 hour", 86400: "1 day", 31536000: "1 year", 315360000: "10 years"}
-    return names.get(int(float(t)), f"{float(t):g} s")
-
-
-def compared(theirs: list[float] | None, ours: list[float] | None) -> list[str]:
-    """Table cells: each tool's mean ± std (chips), the difference this tool - aihwkit ± its standard error
-    √(s₁²/n₁ + s₂²/n₂), and whether the difference is within one standard error."""
-    stats = [summary(values) if values else None for values in (theirs, ours)]
-    cells = [
-        f"{mean:.2f} ± {std:.2f}" if stat else "" for stat in stats for mean, std, _ in [stat or (0, 0, 0)]
-    ]
-    if None in stats:
-        return [*cells, "", ""]
-    (m1, s1, n1), (m2, s2, n2) = stats
-    se = math.sqrt(s1**2 / n1 + s2**2 / n2)
-    return [*cells, f"{m2 - m1:+.2f} ± {se:.2f}", "yes" if abs(m2 - m1) <= se else "no"]
 
 
 def table(results: dict) -> None:
