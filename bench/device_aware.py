@@ -25,6 +25,7 @@ from resnet8ptq.device.config import Crossbar  # noqa: E402
 from resnet8ptq.dtype import DtypeConfig  # noqa: E402
 from resnet8ptq.fetch import ASSETS_ENV  # noqa: E402
 from resnet8ptq.hardware import detect  # noqa: E402
+from resnet8ptq.memory import keep_freed_memory  # noqa: E402
 from resnet8ptq.model import MODEL_FILENAME, MODEL_SHA256, canonical_onnx, resolve_h5  # noqa: E402
 from resnet8ptq.spec import QuantSpec  # noqa: E402
 
@@ -39,6 +40,7 @@ def main() -> None:
     parser.add_argument("--granularity", default="column", choices=["layer", "tile", "column"])
     parser.add_argument("--weight-noise", type=float, default=0.01, help="σ on noisy chips; 0: not timed")
     args = parser.parse_args()
+    keep_freed_memory()  # as every run's process does (resnet8ptq/app.py): the same allocator as a run
 
     import os
 

@@ -236,28 +236,38 @@ class AdcReading(torch.autograd.Function):
     """step · clamp(round(p / step), low, high) per column, with LSQ's gradients (Esser et al. 2020): to p,
     1 where the code is inside the window (round's straight-through estimate), else 0; to the step,
     round(p / step) - p / step inside the window, the window's end outside it; to each end of the window,
-    the step where the reading saturates at it. One autograd node instead of a dozen elementwise ones: the
-    learning's time goes to the convolutions."""
+    the step where the reading saturates at it. One autograd node instead of a dozen elementwise ones, and
+    only the gradients asked for: the window's ends get none unless it moves (``device.adc_window=
+    asymmetric``). The window is a float mask, 1 inside and 0 outside (torch's boolean ``where`` and
+    comparisons are several times slower on the CPU than a float pass), so the backward pass is two products
+    and a sum."""
 
     @staticmethod
     def forward(ctx, partial, step, low, high):
         scaled = partial / step
         codes = torch.round(scaled)
         clamped = torch.minimum(torch.maximum(codes, low), high)
-        ctx.save_for_backward(scaled, clamped, codes, step)
+        # 1 inside the window, 0 outside: the codes are integers, so a clamped one moved by at least 1
+        inside = (clamped - codes).abs_().clamp_(max=1).neg_().add_(1)
+        step_gradient = None
+        if ctx.needs_input_grad[1]:  # round(p / step) - p / step inside the window, its end outside it
+            step_gradient = torch.addcmul(clamped, scaled, inside, value=-1)
+        window = ctx.needs_input_grad[2] or ctx.needs_input_grad[3]
+        ctx.save_for_backward(inside, step_gradient, step, *((codes, clamped) if window else ()))
         ctx.shapes = step.shape, low.shape, high.shape
         return clamped * step
 
     @staticmethod
     def backward(ctx, grad):
-        scaled, clamped, codes, step = ctx.saved_tensors
-        inside = codes == clamped
-        grad_step = grad * torch.where(inside, clamped - scaled, clamped)
-        below, above = grad * step * (codes < clamped), grad * step * (codes > clamped)
-        return (
-            grad * inside,
-            *(_reduced(g, shape) for g, shape in zip((grad_step, below, above), ctx.shapes, strict=True)),
-        )
+        inside, step_gradient, step, *window = ctx.saved_tensors
+        grad_partial = grad * inside if ctx.needs_input_grad[0] else None
+        grad_step = _reduced(grad * step_gradient, ctx.shapes[0]) if step_gradient is not None else None
+        below = above = None
+        if window:
+            codes, clamped = window
+            below = _reduced(grad * step * (codes < clamped), ctx.shapes[1])
+            above = _reduced(grad * step * (codes > clamped), ctx.shapes[2])
+        return grad_partial, grad_step, below, above
 
 
 def _reduced(gradient: torch.Tensor, shape: torch.Size) -> torch.Tensor:
