@@ -2,8 +2,8 @@
 crossbars (128 rows with a calibrated 4-bit ADC; bit-serial 1-bit inputs with an 8-bit weight in two
 4-bit cells, on the first 1,000 images; a noisy crossbar over 5 noise draws; the 4-bit crossbar aged a day
 with PCM drift, its compensation and read noise, one chip, on the first 2,000) against the integer executor
-(issue 41's targets: the 4-bit crossbar at most 1.5x, the bit-serial one at most 8x; issue 43's: the aged
-crossbar at most 2x the 4-bit one) and against ONNX
+(issue 63's targets, printed beside them: the 4-bit crossbar at most 1.5x, the bit-serial one at most 8x
+the integer executor, the aged crossbar at most 2x the fresh 4-bit one) and against ONNX
 Runtime's reference pass (graph optimisations off) of the same QDQ model. The ADC ranges are calibrated
 before the timing. Rounds are interleaved; the medians are printed.
 
@@ -33,6 +33,12 @@ from resnet8ptq.device.evaluate import adc_steps, arithmetic  # noqa: E402
 from resnet8ptq.device.executor import execute  # noqa: E402
 from resnet8ptq.hardware import detect  # noqa: E402
 from resnet8ptq.memory import keep_freed_memory  # noqa: E402
+
+TARGETS = {  # issue 63's: a device's time per image at most this many times another's
+    "cim rows=128 adc=4": ("integer", 1.5),
+    "cim rows=128 adc=8 dac=1 4x2": ("integer", 8.0),
+    "cim rows=128 adc=4 aged x1": ("cim rows=128 adc=4", 2.0),
+}
 
 
 def main() -> None:
@@ -73,9 +79,15 @@ def main() -> None:
     print(f"# {cpu}, {os.cpu_count()} cores; ms per test image, medians of {args.rounds} rounds")
     for key, values in seconds.items():
         median = statistics.median(values)
+        target = ""
+        if key in TARGETS:
+            other, limit = TARGETS[key]
+            ratio = median / statistics.median(seconds[other])
+            verdict = "met" if ratio <= limit else "missed"
+            target = f"  {ratio:5.2f}x {other} (target <= {limit:g}x: {verdict})"
         print(
             f"{key:30s} {1e3 * median:7.2f} ms  {median / integer:5.2f}x integer executor  "
-            f"{median / base:5.2f}x ORT reference"
+            f"{median / base:5.2f}x ORT reference{target}"
         )
 
 
