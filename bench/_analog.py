@@ -148,9 +148,11 @@ def our_weights(
     return weights
 
 
-def run_ours(model, preset: DeviceConfig, calibration, images, labels, chips, times, profiles) -> dict:
-    """This tool's accuracy per time and chip (noise seeds 0..chips-1); the ADC ranges calibrated once, on
-    the fresh ideal crossbar, as a run does."""
+def run_ours(
+    model, preset: DeviceConfig, calibration, images, labels, chips: int | range, times, profiles
+) -> dict:
+    """This tool's accuracy per time and chip (noise seeds ``chips``: an int n is 0..n-1); the ADC ranges
+    calibrated once, on the fresh ideal crossbar, as a run does."""
     steps = adc_steps(model, preset, calibration, profiles)
     result: dict[str, list[float]] = {}
     for t in times:
@@ -161,7 +163,7 @@ def run_ours(model, preset: DeviceConfig, calibration, images, labels, chips, ti
                     predictions(model, execute(model, images, arithmetic(device, chip, steps))[0]) == labels
                 )
             )
-            for chip in range(chips)
+            for chip in (range(chips) if isinstance(chips, int) else chips)
         ]
     return result
 
@@ -176,6 +178,21 @@ def deep_merge(target: dict, source: dict) -> dict:
     return target
 
 
+def by_chip(results: dict) -> dict:
+    """``results`` (as saved: each leaf a list over the chips ``meta.first_chip`` on) with every leaf list a
+    dict chip -> value, so that files of other chips merge into it with :func:`deep_merge`."""
+    first = int(results.get("meta", {}).get("first_chip", 0))
+
+    def keyed(node):
+        if isinstance(node, list):
+            return {first + index: value for index, value in enumerate(node)}
+        if isinstance(node, dict):
+            return {key: value if key == "meta" else keyed(value) for key, value in node.items()}
+        return node
+
+    return keyed(results)
+
+
 def save(path: Path | None, results: dict) -> None:
     """``results`` merged into the JSON file at ``path`` (written whole to a temporary file, then renamed)."""
     if path is None:
@@ -186,9 +203,10 @@ def save(path: Path | None, results: dict) -> None:
     partial.replace(path)
 
 
-def summary(values: list[float]) -> tuple[float, float, int]:
-    """Mean and sample standard deviation (percent) and count."""
-    array = 100 * np.asarray(values)
+def summary(values: list[float] | dict[int, float]) -> tuple[float, float, int]:
+    """Mean and sample standard deviation (percent) and count; of a list, or of a dict's values (chip ->
+    value, :func:`by_chip`)."""
+    array = 100 * np.asarray(list(values.values()) if isinstance(values, dict) else values)
     return float(array.mean()), float(array.std(ddof=1)) if len(array) > 1 else 0.0, len(array)
 
 
@@ -198,15 +216,18 @@ def when(t: str | float) -> str:
     return names.get(int(float(t)), f"{float(t):g} s")
 
 
-def compared(theirs: list[float] | None, ours: list[float] | None) -> list[str]:
+def difference(theirs: list[float] | dict, ours: list[float] | dict) -> tuple[float, float]:
+    """This tool's mean - the simulator's (percent; unpaired: other chips) and its standard error
+    √(s₁²/n₁ + s₂²/n₂)."""
+    (m1, s1, n1), (m2, s2, n2) = summary(theirs), summary(ours)
+    return m2 - m1, math.sqrt(s1**2 / n1 + s2**2 / n2)
+
+
+def compared(theirs: list[float] | dict | None, ours: list[float] | dict | None) -> list[str]:
     """Table cells: each tool's mean ± std (chips), the difference this tool - the simulator ± its standard
-    error √(s₁²/n₁ + s₂²/n₂), and whether the difference is within one standard error."""
-    stats = [summary(values) if values else None for values in (theirs, ours)]
-    cells = [
-        f"{mean:.2f} ± {std:.2f}" if stat else "" for stat in stats for mean, std, _ in [stat or (0, 0, 0)]
-    ]
-    if None in stats:
+    error (:func:`difference`), and whether the difference is within one standard error."""
+    cells = ["{:.2f} ± {:.2f}".format(*summary(values)[:2]) if values else "" for values in (theirs, ours)]
+    if not theirs or not ours:
         return [*cells, "", ""]
-    (m1, s1, n1), (m2, s2, n2) = stats
-    se = math.sqrt(s1**2 / n1 + s2**2 / n2)
-    return [*cells, f"{m2 - m1:+.2f} ± {se:.2f}", "yes" if abs(m2 - m1) <= se else "no"]
+    mean, se = difference(theirs, ours)
+    return [*cells, f"{mean:+.2f} ± {se:.2f}", "yes" if abs(mean) <= se else "no"]

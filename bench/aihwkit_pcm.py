@@ -69,6 +69,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import torch
 import yaml
 
@@ -77,8 +78,10 @@ sys.path.insert(0, str(REPO))
 
 from _analog import (  # noqa: E402
     accuracy,
+    by_chip,
     compared,
     deep_merge,
+    difference,
     input_range,
     install_target,
     listed,
@@ -172,11 +175,13 @@ def aihwkit_model(
     programming_noise: bool = True,
     compensation: bool = True,
     switches: int = 0,
+    dac: int = 254,
     bounds: list[tuple[torch.Tensor, float]] | None = None,
 ) -> torch.nn.Module:
     """``fp32`` converted to aihwkit's analog layers as the module docstring sets them; ``ranges``: each FP32
     layer's (module name's) input range; ``switches``: how many of :data:`SWITCHES`' changes (after the
-    first row) apply; ``bounds``: each layer's FP32 weight and ``out_bound``, for the fourth."""
+    first row) apply; ``dac``: ``forward.inp_res`` (254 as the preset, 510 as this tool's DAC); ``bounds``:
+    each layer's FP32 weight and ``out_bound``, for the fourth."""
     config = kit["config"]()
     config.mapping.max_input_size = rows
     config.mapping.max_output_size = 0
@@ -184,7 +189,7 @@ def aihwkit_model(
     config.mapping.weight_scaling_columnwise = True
     config.mapping.digital_bias = True
     forward = config.forward
-    forward.inp_res = 510 if switches >= 5 else 254
+    forward.inp_res = 510 if switches >= 5 else dac
     forward.out_res = 254 if adc else -1
     forward.out_bound = OUT_BOUND if adc else 0.0
     forward.out_noise = forward.w_noise = forward.ir_drop = 0.0
@@ -221,12 +226,13 @@ def exact_compensation(analog: torch.nn.Module) -> None:
             tile.alpha = torch.tensor([float(tile.programmed_weights.abs().sum()) / now])
 
 
-def run_aihwkit(kit: dict, fp32, ranges, images, labels, chips: int, times: list[float], **settings) -> dict:
-    """aihwkit's accuracy per time and chip: each chip programmed once, then drifted to every time."""
+def run_aihwkit(kit: dict, fp32, ranges, images, labels, chips: range, times: list, **settings) -> dict:
+    """aihwkit's accuracy per time and chip (``torch.manual_seed(chip)``): each chip programmed once, then
+    drifted to every time."""
     exact = settings.get("switches", 0) >= 3 and settings.get("compensation", True)
     analog = aihwkit_model(kit, fp32, ranges, **settings)
     result: dict[str, list[float]] = {str(t): [] for t in times}
-    for chip in range(chips):
+    for chip in chips:
         torch.manual_seed(chip)
         analog.program_analog_weights()
         for t in times:
@@ -252,15 +258,34 @@ def aihwkit_weights(analog: torch.nn.Module) -> dict[str, torch.Tensor]:
     }
 
 
-def run_weights(kit, fp32, ranges, model, preset, steps, names, images, labels, chips, times) -> dict:
+def weight_errors(fp32: dict[str, torch.Tensor], weights: dict[str, torch.Tensor]) -> dict[str, tuple]:
+    """Per layer, how a chip's weights ``weights`` differ from the FP32 ones: the relative error energy
+    ‖W - W₀‖² / ‖W₀‖² and the gain ⟨W, W₀⟩ / ‖W₀‖² (1: no overall scale error)."""
+    result = {}
+    for name, weight in weights.items():
+        target = fp32[name].detach().reshape(weight.shape).double()
+        energy = float((target**2).sum())
+        result[name] = (
+            float(((weight.double() - target) ** 2).sum()) / energy,
+            float((weight.double() * target).sum()) / energy,
+        )
+    return result
+
+
+def run_weights(
+    kit, fp32, ranges, model, preset, steps, names, images, labels, chips: range, times
+) -> tuple[dict, dict]:
     """The tools' chips (aihwkit's when ``kit`` is given, and this tool's) as weights in the FP32 model: float
     activations, no DAC or ADC, so that only the weight models (programming noise, drift, compensation)
-    differ; accuracy per tool, time and chip."""
+    differ. Accuracy per tool, time and chip; and per measure of :func:`weight_errors`, layer, tool and
+    time, the chips' values."""
     analog = aihwkit_model(kit, fp32, ranges, rows=preset.rows, adc=False) if kit else None
     result: dict[str, dict[str, list[float]]] = (
         {"aihwkit": {}, "resnet8ptq": {}} if kit else {"resnet8ptq": {}}
     )
-    for chip in range(chips):
+    targets = {name: module.weight for name, module in fp32.named_modules() if hasattr(module, "weight")}
+    errors: dict = {"relative error energy": {}, "gain": {}}
+    for chip in chips:
         if analog is not None:
             torch.manual_seed(chip)
             analog.program_analog_weights()
@@ -275,7 +300,11 @@ def run_weights(kit, fp32, ranges, model, preset, steps, names, images, labels, 
                 result[tool].setdefault(str(t), []).append(
                     accuracy(with_weights(fp32, weights), images, labels)[0]
                 )
-    return result
+                for layer, measures in weight_errors(targets, weights).items():
+                    for measure, value in zip(errors, measures, strict=True):
+                        by_time = errors[measure].setdefault(layer, {}).setdefault(tool, {})
+                        by_time.setdefault(str(t), []).append(value)
+    return result, errors
 
 
 def preset_device(**overrides) -> DeviceConfig:
@@ -306,6 +335,8 @@ def table(results: dict) -> None:
                     print(
                         f"| {config} | {when(t)} | " + " | ".join(compared(theirs.get(t), ours.get(t))) + " |"
                     )
+    decomposition(results)
+    weight_error_table(results)
     for part, adc in (("switches", "8-bit ADC"), ("switches-ideal", "ideal ADC")):
         rows = results.get(part, {})
         if not rows:
@@ -324,16 +355,92 @@ def table(results: dict) -> None:
                 print(f"| {label} | " + " | ".join(cells) + " |")
 
 
+def paired(first: dict, second: dict, chips: list) -> tuple[float, float]:
+    """Mean and standard error (percent) of ``first`` - ``second`` over ``chips``, chip by chip."""
+    differences = 100 * np.array([first[chip] - second[chip] for chip in chips])
+    return float(differences.mean()), float(differences.std(ddof=1) / np.sqrt(len(chips)))
+
+
+def decomposition(results: dict) -> None:
+    """The ideal-ADC chips' difference (this tool - aihwkit) split into the weights' part and each tool's
+    device part: on the chips both parts ran, device = weights + (this tool's device - its weights) -
+    (aihwkit's device - its weights) exactly; each tool's device - weights is paired (the same chips, as
+    weights and as devices), so its standard error is small; the weights' difference is then taken over all
+    the weights part's chips."""
+    presets, weights = results.get("preset", {}), results.get("weights", {})
+    weights = next(iter(weights.values()), {})
+    ours = presets.get("ideal ADC", {})
+    labels = [label for label in ours if label != "aihwkit" and label in weights]
+    configs = [
+        config for config, tools in presets.items() if config.startswith("ideal ADC") and "aihwkit" in tools
+    ]
+    for config, label in [(config, label) for config in configs for label in labels if "aihwkit" in weights]:
+        device = {"aihwkit": presets[config]["aihwkit"], label: ours[label]}
+        print(f"\n{config}: this tool ({label}) - aihwkit, split (points; ± standard error)")
+        print(
+            "| t | chips | devices | their weights | this tool's device - weights "
+            "| aihwkit's device - weights | weights, all chips | weights + device parts |"
+        )
+        print("|---|---|---|---|---|---|---|---|")
+        for t in sorted(device["aihwkit"], key=float):
+            parts = [device["aihwkit"][t], device[label][t], weights["aihwkit"][t], weights[label][t]]
+            chips = sorted(set.intersection(*(set(part) for part in parts)))
+            if len(chips) < 2:
+                continue
+            devices, own_weights = (paired(parts[i + 1], parts[i], chips)[0] for i in (0, 2))
+            (ours, ours_se), (theirs, theirs_se) = (paired(parts[i], parts[i + 2], chips) for i in (1, 0))
+            whole, whole_se = difference(weights["aihwkit"][t], weights[label][t])
+            print(
+                f"| {when(t)} | {len(chips)} | {devices:+.2f} | {own_weights:+.2f} "
+                f"| {ours:+.2f} ± {ours_se:.2f} | {theirs:+.2f} ± {theirs_se:.2f} "
+                f"| {whole:+.2f} ± {whole_se:.2f} (n = {len(weights[label][t])}) "
+                f"| {whole + ours - theirs:+.2f} ± {np.sqrt(whole_se**2 + ours_se**2 + theirs_se**2):.2f} |"
+            )
+
+
+def weight_error_table(results: dict) -> None:
+    """Per layer and time, each tool's chips' mean relative weight error energy ‖W - W₀‖² / ‖W₀‖² and gain
+    ⟨W, W₀⟩ / ‖W₀‖² against the FP32 weights (the weights part's chips), and the ratio of the errors."""
+    errors = results.get("weight errors", {})
+    if not errors:
+        return
+    mean = lambda values: float(np.mean(list(values.values())))  # noqa: E731
+    for measure, layers in errors.items():
+        tools = next(iter(layers.values()))
+        times = sorted(next(iter(tools.values())), key=float)
+        for label in [label for label in tools if label != "aihwkit"]:
+            print(f"\nweights: {measure} against FP32, aihwkit / {label} (mean over the chips)")
+            print("| layer | " + " | ".join(f"t = {when(t)}" for t in times) + " |")
+            print("|---|" + "---|" * len(times))
+            for layer, by_tool in layers.items():
+                cells = []
+                for t in times:
+                    theirs, ours = mean(by_tool["aihwkit"][t]), mean(by_tool[label][t])
+                    ratio = f" ({ours / theirs:.3f}x)" if measure == "relative error energy" else ""
+                    cells.append(f"{theirs:.4f} / {ours:.4f}{ratio}")
+                print(f"| {layer} | " + " | ".join(cells) + " |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--images", type=int, default=2000, help="first N test images (10000: all)")
     parser.add_argument("--chips", type=int, default=10)
+    parser.add_argument(
+        "--first-chip", type=int, default=0, help="chips --first-chip on (seeds): more chips in another file"
+    )
     parser.add_argument("--times", type=listed(float), default=[0, 3600, 86400, 31536000])
     parser.add_argument("--parts", type=listed(str), default=["preset", "drift", "weights", "switches"])
     parser.add_argument("--tools", type=listed(str), default=["aihwkit", "resnet8ptq"])
     parser.add_argument("--save", type=Path, help="merge the accuracies into this JSON file")
     parser.add_argument(
         "--preset-adcs", type=listed(str), default=["ideal", "8"], help="the preset part's ADCs: ideal, 8"
+    )
+    parser.add_argument(
+        "--dac",
+        type=int,
+        default=254,
+        help="aihwkit's forward.inp_res in the preset part: 254 (StandardHWATrainingPreset's), or 510 (255 "
+        "steps over a non-negative input, as this tool's 8-bit DAC); this tool's runs do not change",
     )
     parser.add_argument(
         "--drift-adcs", type=listed(str), default=["8", "ideal"], help="the drift part's ADCs: 8, ideal"
@@ -347,8 +454,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.table:
         results: dict = {}
-        for path in args.table:
-            deep_merge(results, json.loads(path.read_text()))
+        for path in args.table:  # chip-keyed: files of other chips add chips, files of other parts add parts
+            deep_merge(results, by_chip(json.loads(path.read_text())))
         table(results)
         return
     unknown = set(args.parts) - {"preset", "drift", "weights", "switches", "switches-ideal"} | set(
@@ -371,13 +478,17 @@ def main() -> None:
     cpu = detect().cpu
     commit = os.popen(f"git -C {REPO} rev-parse --short HEAD").read().strip()
     print(f"CPU: {cpu}; torch {torch.__version__}, 1 thread; aihwkit {VERSION if kit else '-'}; "
-          f"{len(images)} test images; {args.chips} chips; times {args.times}", flush=True)  # fmt: skip
+          f"{len(images)} test images; chips {args.first_chip}..{args.first_chip + args.chips - 1}; "
+          f"times {args.times}", flush=True)  # fmt: skip
+    chips = range(args.first_chip, args.first_chip + args.chips)
     meta = {"images": len(images), "cpu": cpu, "commit": commit, "chips": args.chips}
+    meta["first_chip"] = chips.start
     saved = json.loads(args.save.read_text()) if args.save and args.save.exists() else {}
-    if saved and {key: saved["meta"].get(key) for key in ("images", "chips")} != {
-        "images": len(images),
-        "chips": args.chips,
-    }:
+    if saved and (saved["meta"]["images"], saved["meta"]["chips"], saved["meta"].get("first_chip", 0)) != (
+        len(images),
+        args.chips,
+        chips.start,
+    ):
         sys.exit(f"{args.save} holds results of other images or chips: {saved['meta']}")  # fmt: skip
     results: dict = deep_merge(saved, {"meta": meta})  # a preset's chips already run are reused
     with tempfile.TemporaryDirectory() as tmp:
@@ -403,7 +514,7 @@ def main() -> None:
         for tool in args.tools:
             start = time.perf_counter()
             if tool == "aihwkit":
-                accuracies = run_aihwkit(kit, fp32, ranges, test, labels, args.chips, args.times, rows=rows,
+                accuracies = run_aihwkit(kit, fp32, ranges, test, labels, chips, args.times, rows=rows,
                                          adc=adc, **settings)  # fmt: skip
             else:
                 device = preset_device(
@@ -415,8 +526,8 @@ def main() -> None:
                     drift_compensation=settings.get("compensation", True),
                     noise_seeds=args.chips,
                 )
-                accuracies = run_ours(model, device, given.calibration, images, labels, args.chips,
-                                      args.times, profiles)  # fmt: skip
+                accuracies = run_ours(model, device, given.calibration, images, labels, chips, args.times,
+                                      profiles)  # fmt: skip
             record(
                 part,
                 config,
@@ -427,7 +538,10 @@ def main() -> None:
 
     if "preset" in args.parts:
         for adc in args.preset_adcs:
-            both("preset", "8-bit ADC" if adc else "ideal ADC", 512, adc)
+            name = ("8-bit ADC" if adc else "ideal ADC") + (
+                f", DAC inp_res {args.dac}" if args.dac != 254 else ""
+            )
+            both("preset", name, 512, adc, dac=args.dac)
     if "drift" in args.parts:
         for adc in args.drift_adcs:
             for compensation in (False, True):
@@ -438,14 +552,24 @@ def main() -> None:
         start = time.perf_counter()
         preset = preset_device(adc_bits=None, noise_seeds=args.chips, **args.our_settings)
         layer_names = {conv.name: names[id(pairs[conv.name])] for conv in model.convs}
-        both_weights = run_weights(
-            kit, fp32, ranges, model, preset, {}, layer_names, test, labels, args.chips, args.times
+        both_weights, errors = run_weights(
+            kit, fp32, ranges, model, preset, {}, layer_names, test, labels, chips, args.times
         )
+        labelled = {"aihwkit": "aihwkit", "resnet8ptq": args.label}
         for tool, accuracies in both_weights.items():
-            label = tool if tool == "aihwkit" else args.label
             record(
-                "weights", "preset's chips as FP32 weights", label, accuracies, time.perf_counter() - start
+                "weights",
+                "preset's chips as FP32 weights",
+                labelled[tool],
+                accuracies,
+                time.perf_counter() - start,
             )
+        errors = {
+            measure: {layer: {labelled[t]: v for t, v in tools.items()} for layer, tools in layers.items()}
+            for measure, layers in errors.items()
+        }
+        results["weight errors"] = errors
+        save(args.save, {"weight errors": errors, "meta": results["meta"]})
     switched = [part for part in ("switches", "switches-ideal") if part in args.parts]
     if switched and "aihwkit" in args.tools:
         preset = preset_device(noise_seeds=args.chips)
@@ -462,10 +586,10 @@ def main() -> None:
             if count == 0 and baseline:
                 accuracies = baseline  # the same chips: not run twice
             else:
-                accuracies = run_aihwkit(kit, fp32, ranges, test, labels, args.chips, args.times, rows=512,
+                accuracies = run_aihwkit(kit, fp32, ranges, test, labels, chips, args.times, rows=512,
                                          adc=adc, switches=count, bounds=bounds)  # fmt: skip
             record(part, name, "aihwkit", accuracies, time.perf_counter() - start)
-    table(results)
+    table(by_chip(results))
     print(f"Total {time.perf_counter() - started:.0f} s")
 
 
