@@ -5,21 +5,26 @@ simulators' units), this tool's chips as weights and as devices, and the results
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import importlib.util
+import io
 import json
 import math
 import os
+import shlex
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import torch
+import yaml
 
 from resnet8ptq.device.cim import tile_sizes
 from resnet8ptq.device.config import DeviceConfig
@@ -28,6 +33,7 @@ from resnet8ptq.device.executor import execute, predictions
 from resnet8ptq.device.graph import Conv, IntegerModel
 
 BATCH = 250
+PRESETS = Path(__file__).resolve().parents[1] / "conf" / "device" / "chip"
 
 
 def listed(kind: type) -> Callable[[str], list]:
@@ -123,6 +129,11 @@ def out_bounds(
     return result
 
 
+def chip_preset(name: str, **overrides) -> DeviceConfig:
+    """conf/device/chip/<name>.yaml as a DeviceConfig, with ``overrides``."""
+    return DeviceConfig(**{**yaml.safe_load((PRESETS / f"{name}.yaml").read_text()), **overrides})
+
+
 def with_weights(fp32: torch.nn.Module, weights: dict[str, torch.Tensor]) -> torch.nn.Module:
     """A copy of ``fp32`` with the layers named in ``weights`` holding those weights (float arithmetic)."""
     model = copy.deepcopy(fp32)
@@ -191,6 +202,51 @@ def by_chip(results: dict) -> dict:
         return node
 
     return keyed(results)
+
+
+def run_meta(**meta) -> dict:
+    """A results file's ``meta``: ``meta`` and this run's command line."""
+    return {**meta, "command": shlex.join(["python", *sys.argv])}
+
+
+def load_tables(paths: list[Path]) -> tuple[dict, list[tuple[Path, dict]]]:
+    """Saved results files merged chip by chip (:func:`by_chip`), and each file's ``meta``."""
+    results: dict = {}
+    metas = []
+    for path in paths:
+        saved = json.loads(path.read_text())
+        metas.append((path, dict(saved.get("meta", {}))))  # a copy: deep_merge updates the first in place
+        deep_merge(results, by_chip(saved))
+    return results, metas
+
+
+def write_report(path: Path, title: str, tables: Callable[[dict], None], results: dict, metas: list) -> None:
+    """``tables(results)``'s printed tables as a markdown report at ``path``, headed by the command that
+    wrote it and, per results file, the run's command, commit, CPU, test images and chips."""
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        tables(results)
+    written = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    lines = [
+        f"# {title}",
+        "",
+        f"Written by `{shlex.join(['python', *sys.argv])}` on {written} from these runs (one process each, "
+        "one thread):",
+        "",
+        "| file | command | commit | CPU | test images | chips |",
+        "|---|---|---|---|---|---|",
+    ]
+    for file, meta in metas:
+        first, chips = int(meta.get("first_chip", 0)), meta.get("chips")
+        span = f"{first}..{first + int(chips) - 1}" if chips else "?"
+        command = f"`{meta['command']}`" if "command" in meta else "(not recorded)"
+        lines.append(
+            f"| {file.name} | {command} | {meta.get('commit', '?')} | {meta.get('cpu', '?')} "
+            f"| {meta.get('images', '?')} | {span} |"
+        )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n" + printed.getvalue())
+    print(f"Wrote {path}")
 
 
 def save(path: Path | None, results: dict) -> None:

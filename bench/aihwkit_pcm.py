@@ -71,7 +71,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -79,33 +78,35 @@ sys.path.insert(0, str(REPO))
 from _analog import (  # noqa: E402
     accuracy,
     by_chip,
+    chip_preset,
     compared,
     deep_merge,
     difference,
     input_range,
     install_target,
     listed,
+    load_tables,
     our_weights,
     out_bounds,
     pair_layers,
+    run_meta,
     run_ours,
     save,
     summary,
     when,
     with_weights,
+    write_report,
 )
 from _int8 import canonical_model, inputs, quantized_int8  # noqa: E402
 
 from resnet8ptq.backends.onnx.integer import integer_model  # noqa: E402
 from resnet8ptq.backends.torch.convert import onnx_to_torch  # noqa: E402
-from resnet8ptq.device.config import DeviceConfig  # noqa: E402
 from resnet8ptq.device.evaluate import adc_steps  # noqa: E402
 from resnet8ptq.hardware import detect  # noqa: E402
 from resnet8ptq.memory import keep_freed_memory  # noqa: E402
 
 VERSION = "1.2.0"
 SITE = Path.home() / ".cache" / "resnet8ptq-aihwkit" / f"aihwkit-{VERSION}"
-PRESET = REPO / "conf" / "device" / "chip" / "pcm.yaml"
 NO_PROGRAMMING_NOISE = {"weight_noise": 0.0, "weight_noise_model": "constant"}
 OUT_BOUND = 10.0  # StandardHWATrainingPreset's forward.out_bound
 SWITCHES = (
@@ -307,12 +308,6 @@ def run_weights(
     return result, errors
 
 
-def preset_device(**overrides) -> DeviceConfig:
-    """conf/device/chip/pcm.yaml as a DeviceConfig, with ``overrides``."""
-    settings = yaml.safe_load(PRESET.read_text())
-    return DeviceConfig(**{**settings, **overrides})
-
-
 def table(results: dict) -> None:
     """The side-by-side tables: per configuration and time, each tool's mean ± std over its chips, the
     difference this tool - aihwkit and its standard error √(s₁²/n₁ + s₂²/n₂)."""
@@ -451,12 +446,15 @@ def main() -> None:
     )
     parser.add_argument("--as", dest="label", default="resnet8ptq", help="this tool's name in the results")
     parser.add_argument("--table", type=Path, nargs="+", help="print the tables of saved files; run nothing")
+    parser.add_argument(
+        "--report", type=Path, help="with --table: write the tables to this markdown file too"
+    )
     args = parser.parse_args()
     if args.table:
-        results: dict = {}
-        for path in args.table:  # chip-keyed: files of other chips add chips, files of other parts add parts
-            deep_merge(results, by_chip(json.loads(path.read_text())))
+        results, metas = load_tables(args.table)  # files of other chips add chips, of other parts parts
         table(results)
+        if args.report:
+            write_report(args.report, "The `pcm` preset beside aihwkit 1.2.0", table, results, metas)
         return
     unknown = set(args.parts) - {"preset", "drift", "weights", "switches", "switches-ideal"} | set(
         args.tools
@@ -481,7 +479,7 @@ def main() -> None:
           f"{len(images)} test images; chips {args.first_chip}..{args.first_chip + args.chips - 1}; "
           f"times {args.times}", flush=True)  # fmt: skip
     chips = range(args.first_chip, args.first_chip + args.chips)
-    meta = {"images": len(images), "cpu": cpu, "commit": commit, "chips": args.chips}
+    meta = run_meta(images=len(images), cpu=cpu, commit=commit, chips=args.chips)
     meta["first_chip"] = chips.start
     saved = json.loads(args.save.read_text()) if args.save and args.save.exists() else {}
     if saved and (saved["meta"]["images"], saved["meta"]["chips"], saved["meta"].get("first_chip", 0)) != (
@@ -517,7 +515,8 @@ def main() -> None:
                 accuracies = run_aihwkit(kit, fp32, ranges, test, labels, chips, args.times, rows=rows,
                                          adc=adc, **settings)  # fmt: skip
             else:
-                device = preset_device(
+                device = chip_preset(
+                    "pcm",
                     rows=rows,
                     adc_bits=8 if adc else None,
                     **(
@@ -550,7 +549,7 @@ def main() -> None:
                 both("drift", name, 128, adc, programming_noise=False, compensation=compensation)
     if "weights" in args.parts:
         start = time.perf_counter()
-        preset = preset_device(adc_bits=None, noise_seeds=args.chips, **args.our_settings)
+        preset = chip_preset("pcm", adc_bits=None, noise_seeds=args.chips, **args.our_settings)
         layer_names = {conv.name: names[id(pairs[conv.name])] for conv in model.convs}
         both_weights, errors = run_weights(
             kit, fp32, ranges, model, preset, {}, layer_names, test, labels, chips, args.times
@@ -572,7 +571,7 @@ def main() -> None:
         save(args.save, {"weight errors": errors, "meta": results["meta"]})
     switched = [part for part in ("switches", "switches-ideal") if part in args.parts]
     if switched and "aihwkit" in args.tools:
-        preset = preset_device(noise_seeds=args.chips)
+        preset = chip_preset("pcm", noise_seeds=args.chips)
         steps = adc_steps(model, preset, given.calibration, profiles)
         calibrated = out_bounds(model, steps, pairs, 512)
         bounds = [(pairs[name].weight, median) for name, (median, _, _) in calibrated.items()]

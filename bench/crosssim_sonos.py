@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import os
 import sys
 import tempfile
@@ -47,29 +46,30 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from _analog import (  # noqa: E402
     accuracy,
+    chip_preset,
     compared,
-    deep_merge,
     install_target,
     listed,
+    load_tables,
     our_weights,
     pair_layers,
+    run_meta,
     run_ours,
     save,
     when,
     with_weights,
+    write_report,
 )
 from _int8 import canonical_model, inputs, quantized_int8  # noqa: E402
 
 from resnet8ptq.backends.onnx.integer import integer_model  # noqa: E402
 from resnet8ptq.backends.torch.convert import onnx_to_torch  # noqa: E402
-from resnet8ptq.device.config import DeviceConfig  # noqa: E402
 from resnet8ptq.hardware import detect  # noqa: E402
 from resnet8ptq.memory import keep_freed_memory  # noqa: E402
 
@@ -80,7 +80,6 @@ CONFIG_URL = (
     f"https://raw.githubusercontent.com/sandialabs/cross-sim/{RELEASE}/simulator/configs/SONOS-TCAS.json"
 )
 SITE = Path.home() / ".cache" / "resnet8ptq-crosssim" / f"crosssim-{VERSION}"
-PRESET = REPO / "conf" / "device" / "chip" / "sonos.yaml"
 V_READ = 0.06  # V: applications/dnn/inference/interface/inference_net.py for SONOS error models
 SECONDS_PER_DAY = 86_400.0
 CROSSSIM = "crosssim"
@@ -143,16 +142,11 @@ def check_ideal_mvm(parameters, fp32: torch.nn.Module) -> None:
                 sys.exit(f"{name}: CrossSim's MVM is not get_matrix() @ x ({error:.3g})")
 
 
-def preset_device(**overrides) -> DeviceConfig:
-    """conf/device/chip/sonos.yaml as a DeviceConfig, with ``overrides``."""
-    return DeviceConfig(**{**yaml.safe_load(PRESET.read_text()), **overrides})
-
-
 def run_weights(parameters, fp32, models, images, labels, chips: int, times: list[float]) -> dict:
     """Accuracy per tool, time and chip of the FP32 model holding each tool's chips: CrossSim's, and this
     tool's for each int8 model in ``models`` (label: (integer model, integer layer -> FP32 layer))."""
     result: dict[str, dict[str, list[float]]] = {CROSSSIM: {}, **{label: {} for label in models}}
-    preset = preset_device(adc_bits=None, noise_seeds=chips)
+    preset = chip_preset("sonos", adc_bits=None, noise_seeds=chips)
     for chip in range(chips):
         for t in times:
             np.random.seed(chip)
@@ -199,12 +193,15 @@ def main() -> None:
     )
     parser.add_argument("--save", type=Path, help="merge the accuracies into this JSON file")
     parser.add_argument("--table", type=Path, nargs="+", help="print the table of saved files; run nothing")
+    parser.add_argument(
+        "--report", type=Path, help="with --table: write the tables to this markdown file too"
+    )
     args = parser.parse_args()
     if args.table:
-        results: dict = {}
-        for path in args.table:
-            deep_merge(results, json.loads(path.read_text()))
+        results, metas = load_tables(args.table)  # files of other chips add chips, of other parts parts
         table(results)
+        if args.report:
+            write_report(args.report, "The `sonos` preset beside CrossSim 3.2.0", table, results, metas)
         return
     unknown = set(args.parts) - {"weights", "device"}
     if unknown:
@@ -218,7 +215,7 @@ def main() -> None:
     given = inputs()
     images, labels = given.images[: args.images], given.labels[: args.images]
     commit = os.popen(f"git -C {REPO} rev-parse --short HEAD").read().strip()
-    meta = {"images": len(images), "cpu": detect().label, "commit": commit, "chips": args.chips}
+    meta = run_meta(images=len(images), cpu=detect().label, commit=commit, chips=args.chips)
     print(f"CPU: {meta['cpu']}; torch {torch.__version__}, 1 thread; CrossSim {VERSION}; {len(images)} test "
           f"images; {args.chips} chips; times {args.times} s", flush=True)  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
@@ -253,7 +250,7 @@ def main() -> None:
         profiles: dict = {}
         for adc_bits, kind in ((None, "ideal ADC"), (8, "8-bit ADC")):
             start = time.perf_counter()
-            device = preset_device(adc_bits=adc_bits, noise_seeds=args.chips)
+            device = chip_preset("sonos", adc_bits=adc_bits, noise_seeds=args.chips)
             accuracies = run_ours(
                 model, device, given.calibration, images, labels, args.chips, args.times, profiles
             )
