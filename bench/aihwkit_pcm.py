@@ -44,11 +44,15 @@ requantized after every layer (aihwkit's stay float between tiles): the ``switch
 this tool's preset row is what those two, with the ADC's asymmetric per-column windows, leave.
 
 Usage: RESNET8PTQ_ASSETS=../shared .venv/bin/python bench/aihwkit_pcm.py [--images 2000] [--chips 10] \
-    [--times 0,3600,86400,31536000] [--parts preset,drift,switches] [--tools aihwkit,resnet8ptq] \
-    [--save FILE.json] [--table FILE.json ...]
+    [--first-chip 0] [--times 0,3600,86400,31536000] [--parts preset,drift,switches] \
+    [--tools aihwkit,resnet8ptq] [--dac 254] [--save FILE.json] [--table FILE.json ... [--report FILE.md]]
 ``--save`` merges this run's accuracies into FILE (the two tools can run in two processes, one core each,
-each with a file of its own), and the switches reuse the aihwkit preset's chips found there;
-``--table`` prints the tables from saved files without running anything. One thread per process.
+each with a file of its own), and the switches reuse the aihwkit preset's chips found there; chips
+``--first-chip`` on go to a file of their own. ``--table`` prints the tables from saved files without running
+anything, the files merged chip by chip (seeds), and ``--report`` writes them as a markdown report headed by
+each file's command, commit and CPU. With both the preset (ideal ADC) and the weights part saved, the table
+splits the tools' difference into their weights' difference and each tool's device against its own chips as
+weights (paired: the same chips), and lists each layer's weight error against FP32. One thread per process.
 """
 
 from __future__ import annotations
@@ -473,7 +477,7 @@ def main() -> None:
     kit = import_aihwkit() if "aihwkit" in args.tools else {}
     given = inputs()
     images, labels = given.images[: args.images], given.labels[: args.images]
-    cpu = detect().cpu
+    cpu = detect().label
     commit = os.popen(f"git -C {REPO} rev-parse --short HEAD").read().strip()
     print(f"CPU: {cpu}; torch {torch.__version__}, 1 thread; aihwkit {VERSION if kit else '-'}; "
           f"{len(images)} test images; chips {args.first_chip}..{args.first_chip + args.chips - 1}; "
