@@ -368,13 +368,13 @@ def decomposition(results: dict) -> None:
     the weights part's chips."""
     presets, weights = results.get("preset", {}), results.get("weights", {})
     weights = next(iter(weights.values()), {})
-    ours = presets.get("ideal ADC", {})
-    labels = [label for label in ours if label != "aihwkit" and label in weights]
+    our_devices = presets.get("ideal ADC", {})
+    labels = [label for label in our_devices if label != "aihwkit" and label in weights]
     configs = [
         config for config, tools in presets.items() if config.startswith("ideal ADC") and "aihwkit" in tools
     ]
     for config, label in [(config, label) for config in configs for label in labels if "aihwkit" in weights]:
-        device = {"aihwkit": presets[config]["aihwkit"], label: ours[label]}
+        device = {"aihwkit": presets[config]["aihwkit"], label: our_devices[label]}
         print(f"\n{config}: this tool ({label}) - aihwkit, split (points; ± standard error)")
         print(
             "| t | chips | devices | their weights | this tool's device - weights "
@@ -445,6 +445,12 @@ def main() -> None:
         "--drift-adcs", type=listed(str), default=["8", "ideal"], help="the drift part's ADCs: 8, ideal"
     )
     parser.add_argument(
+        "--drift-compensation",
+        type=listed(str),
+        default=["no", "with"],
+        help="the drift part's compensation: no, with",
+    )
+    parser.add_argument(
         "--weight-noise-model",
         help="this tool's device.weight_noise_model instead of the preset's (pcm_signed)",
     )
@@ -460,14 +466,13 @@ def main() -> None:
         if args.report:
             write_report(args.report, "The `pcm` preset beside aihwkit 1.2.0", table, results, metas)
         return
-    unknown = set(args.parts) - {"preset", "drift", "weights", "switches", "switches-ideal"} | set(
-        args.tools
-    ) - {
-        "aihwkit",
-        "resnet8ptq",
-    }
+    unknown = (
+        (set(args.parts) - {"preset", "drift", "weights", "switches", "switches-ideal"})
+        | (set(args.drift_compensation) - {"no", "with"})
+        | (set(args.tools) - {"aihwkit", "resnet8ptq"})
+    )
     if unknown:
-        sys.exit(f"unknown parts or tools: {', '.join(sorted(unknown))}")
+        sys.exit(f"unknown parts, tools or compensation: {', '.join(sorted(unknown))}")
     args.drift_adcs = [adc == "8" for adc in args.drift_adcs]
     args.preset_adcs = [adc == "8" for adc in args.preset_adcs]
     args.our_settings = {"weight_noise_model": args.weight_noise_model} if args.weight_noise_model else {}
@@ -547,10 +552,21 @@ def main() -> None:
             both("preset", name, 512, adc, dac=args.dac)
     if "drift" in args.parts:
         for adc in args.drift_adcs:
-            for compensation in (False, True):
-                kind, with_ = "8-bit" if adc else "ideal", "with" if compensation else "no"
-                name = f"128 rows, {kind} ADC, {with_} compensation"
-                both("drift", name, 128, adc, programming_noise=False, compensation=compensation)
+            for with_ in args.drift_compensation:
+                kind, dac = (
+                    "8-bit" if adc else "ideal",
+                    f", DAC inp_res {args.dac}" if args.dac != 254 else "",
+                )
+                name = f"128 rows, {kind} ADC, {with_} compensation{dac}"
+                both(
+                    "drift",
+                    name,
+                    128,
+                    adc,
+                    programming_noise=False,
+                    compensation=with_ == "with",
+                    dac=args.dac,
+                )
     if "weights" in args.parts:
         start = time.perf_counter()
         preset = chip_preset("pcm", adc_bits=None, noise_seeds=args.chips, **args.our_settings)
