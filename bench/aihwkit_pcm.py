@@ -341,7 +341,11 @@ def table(results: dict) -> None:
         if not rows:
             continue
         times = sorted({t for row in rows.values() for t in row.get("aihwkit", {})}, key=float)
-        print(f"\n{part}: aihwkit ({adc}, 512 rows) changed one switch at a time (%, mean ± std over chips)")
+        chips = sorted(next(iter(next(iter(rows.values()))["aihwkit"].values())))
+        print(
+            f"\n{part}: aihwkit ({adc}, 512 rows) changed one switch at a time "
+            f"(%, mean ± std over {len(chips)} chips)"
+        )
         print("| aihwkit with | " + " | ".join(f"t = {when(t)}" for t in times) + " |")
         print("|---|" + "---|" * len(times))
         for label, tools in [
@@ -349,7 +353,8 @@ def table(results: dict) -> None:
             ("this tool: pcm preset", results.get("preset", {}).get(adc, {})),
         ]:
             row = tools.get("aihwkit" if label in SWITCHES else "resnet8ptq")
-            if row:
+            if row:  # this tool's row over the switches' chips only
+                row = {t: {chip: row[t][chip] for chip in chips if chip in row[t]} for t in row}
                 cells = ("{:.2f} ± {:.2f}".format(*summary(row[t])[:2]) if t in row else "" for t in times)
                 print(f"| {label} | " + " | ".join(cells) + " |")
 
