@@ -217,6 +217,9 @@ def load_tables(paths: list[Path]) -> tuple[dict, list[tuple[Path, dict]]]:
         saved = json.loads(path.read_text())
         metas.append((path, dict(saved.get("meta", {}))))  # a copy: deep_merge updates the first in place
         deep_merge(results, by_chip(saved))
+    for key in ("commit", "cpu"):  # each file's in the report's list of runs
+        if len({meta.get(key) for _, meta in metas}) > 1:
+            results["meta"][key] = "several (each run's own)"
     return results, metas
 
 

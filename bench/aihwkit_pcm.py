@@ -335,6 +335,7 @@ def table(results: dict) -> None:
                         f"| {config} | {when(t)} | " + " | ".join(compared(theirs.get(t), ours.get(t))) + " |"
                     )
     decomposition(results)
+    dac_part(results)
     weight_error_table(results)
     for part, adc in (("switches", "8-bit ADC"), ("switches-ideal", "ideal ADC")):
         rows = results.get(part, {})
@@ -400,6 +401,31 @@ def decomposition(results: dict) -> None:
                 f"| {whole:+.2f} ± {whole_se:.2f} (n = {len(weights[label][t])}) "
                 f"| {whole + ours - theirs:+.2f} ± {np.sqrt(whole_se**2 + ours_se**2 + theirs_se**2):.2f} |"
             )
+
+
+def dac_part(results: dict) -> None:
+    """What aihwkit's DAC resolution is worth: each configuration run with ``--dac`` against the same one
+    without, aihwkit on the same chips (paired)."""
+    rows = []
+    for part in ("preset", "drift"):
+        configs = results.get(part, {})
+        for config, tools in configs.items():
+            base, _, dac = config.partition(", DAC inp_res ")
+            if not dac or "aihwkit" not in tools or "aihwkit" not in configs.get(base, {}):
+                continue
+            theirs, given = configs[base]["aihwkit"], tools["aihwkit"]
+            for t in sorted(given, key=float):
+                chips = sorted(set(given[t]) & set(theirs.get(t, {})))
+                if len(chips) > 1:
+                    mean, se = paired(given[t], theirs[t], chips)
+                    rows.append(
+                        f"| {part}: {base} | {dac} | {when(t)} | {len(chips)} | {mean:+.2f} ± {se:.2f} |"
+                    )
+    if rows:
+        print("\naihwkit's DAC: inp_res N against 254, the same chips (points; ± standard error)")
+        print("| setting | inp_res | t | chips | difference |")
+        print("|---|---|---|---|---|")
+        print("\n".join(rows))
 
 
 def weight_error_table(results: dict) -> None:

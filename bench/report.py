@@ -12,7 +12,6 @@ Usage: python bench/report.py docs/results/device_speed [--title TITLE] [--markd
 from __future__ import annotations
 
 import argparse
-import re
 import shlex
 import subprocess
 import sys
@@ -24,8 +23,6 @@ sys.path.insert(0, str(REPO))
 
 from resnet8ptq.hardware import detect  # noqa: E402
 
-PROGRESS = re.compile(r"\r(?!\n)")  # tqdm's in-place updates: only the last state of a line is kept
-
 
 def git(*arguments: str) -> str:
     """``git`` in this repository; its output, stripped."""
@@ -33,15 +30,18 @@ def git(*arguments: str) -> str:
 
 
 def run(command: list[str]) -> tuple[int, str, float]:
-    """``command``'s exit status, its output (stdout and stderr together, progress bars reduced to their last
-    state) and its wall time in seconds; the output is echoed as it comes."""
+    """``command``'s exit status, its output (stdout and stderr together; a progress bar's line kept in its
+    last state, blank lines dropped) and its wall time in seconds; the output is echoed as it comes."""
     start = time.perf_counter()
-    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as process:
-        lines = []
-        for line in process.stdout:
-            sys.stdout.write(line)
+    lines = []
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT) as process:
+        for raw in process.stdout:  # bytes: a text stream would turn tqdm's carriage returns into lines
+            sys.stdout.buffer.write(raw)
             sys.stdout.flush()
-            lines.append(PROGRESS.split(line)[-1])
+            last = raw.decode(errors="replace").rstrip("\n").split("\r")
+            kept = next((part for part in reversed(last) if part.strip()), "")
+            if kept:
+                lines.append(kept.rstrip() + "\n")
     return process.returncode, "".join(lines), time.perf_counter() - start
 
 
@@ -50,9 +50,10 @@ def main() -> None:
     parser.add_argument("directory", type=Path, help="where report.md goes (docs/results/<name>)")
     parser.add_argument("--title", help="the report's title (default: the command)")
     parser.add_argument("--markdown", action="store_true", help="the command prints markdown")
-    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the bench's command line")
-    args = parser.parse_args()
-    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    parser.usage = "%(prog)s DIR [--title TITLE] [--markdown] -- COMMAND ..."
+    given = sys.argv[1:]
+    cut = given.index("--") if "--" in given else len(given)
+    args, command = parser.parse_args(given[:cut]), given[cut + 1 :]
     if not command:
         parser.error("no command given: python bench/report.py DIR -- python bench/<bench>.py ...")
     commit = git("rev-parse", "--short", "HEAD") or "unknown"
