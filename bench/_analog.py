@@ -159,11 +159,9 @@ def our_weights(
     return weights
 
 
-def run_ours(
-    model, preset: DeviceConfig, calibration, images, labels, chips: int | range, times, profiles
-) -> dict:
-    """This tool's accuracy per time and chip (noise seeds ``chips``: an int n is 0..n-1); the ADC ranges
-    calibrated once, on the fresh ideal crossbar, as a run does."""
+def run_ours(model, preset: DeviceConfig, calibration, images, labels, chips: range, times, profiles) -> dict:
+    """This tool's accuracy per time and chip (noise seeds ``chips``); the ADC ranges calibrated once, on the
+    fresh ideal crossbar, as a run does."""
     steps = adc_steps(model, preset, calibration, profiles)
     result: dict[str, list[float]] = {}
     for t in times:
@@ -174,7 +172,7 @@ def run_ours(
                     predictions(model, execute(model, images, arithmetic(device, chip, steps))[0]) == labels
                 )
             )
-            for chip in (range(chips) if isinstance(chips, int) else chips)
+            for chip in chips
         ]
     return result
 
@@ -248,7 +246,9 @@ def write_report(path: Path, title: str, tables: Callable[[dict], None], results
             f"| {meta.get('images', '?')} | {span} |"
         )
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join(lines) + "\n" + printed.getvalue())
+    partial = path.with_suffix(".partial")  # renamed into place whole, as save() writes
+    partial.write_text("\n".join(lines) + "\n" + printed.getvalue())
+    partial.replace(path)
     print(f"Wrote {path}")
 
 

@@ -376,10 +376,12 @@ def decomposition(results: dict) -> None:
     weights = next(iter(weights.values()), {})
     our_devices = presets.get("ideal ADC", {})
     labels = [label for label in our_devices if label != "aihwkit" and label in weights]
+    if "aihwkit" not in weights:
+        return
     configs = [
         config for config, tools in presets.items() if config.startswith("ideal ADC") and "aihwkit" in tools
     ]
-    for config, label in [(config, label) for config in configs for label in labels if "aihwkit" in weights]:
+    for config, label in [(config, label) for config in configs for label in labels]:
         device = {"aihwkit": presets[config]["aihwkit"], label: our_devices[label]}
         print(f"\n{config}: this tool ({label}) - aihwkit, split (points; ± standard error)")
         print(
@@ -469,8 +471,8 @@ def main() -> None:
         "--dac",
         type=int,
         default=254,
-        help="aihwkit's forward.inp_res in the preset part: 254 (StandardHWATrainingPreset's), or 510 (255 "
-        "steps over a non-negative input, as this tool's 8-bit DAC); this tool's runs do not change",
+        help="aihwkit's forward.inp_res in the preset and drift parts: 254 (StandardHWATrainingPreset's), or "
+        "510 (255 steps over a non-negative input, as this tool's 8-bit DAC); this tool's runs do not change",
     )
     parser.add_argument(
         "--drift-adcs", type=listed(str), default=["8", "ideal"], help="the drift part's ADCs: 8, ideal"

@@ -252,7 +252,7 @@ def main() -> None:
             start = time.perf_counter()
             device = chip_preset("sonos", adc_bits=adc_bits, noise_seeds=args.chips)
             accuracies = run_ours(
-                model, device, given.calibration, images, labels, args.chips, args.times, profiles
+                model, device, given.calibration, images, labels, range(args.chips), args.times, profiles
             )
             record("device", f"resnet8ptq per-channel, {kind}", accuracies, time.perf_counter() - start)
     table(results)
