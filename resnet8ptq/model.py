@@ -32,7 +32,8 @@ ONNX_OPSET = 17
 # onnxruntime 1.31 refuses models whose IR version is newer than it knows; onnx >= 1.23 writes newer ones.
 MAX_IR_VERSION = 10
 # Bump when the conversion recipe changes, so that old cache entries are not reused.
-RECIPE_VERSION = 3  # 3: names independent of tf2onnx's counter (static_reshapes, numbered_dims)
+# 3: names independent of tf2onnx's counter; 4: BatchNorm scales in float64, initializers in name order
+RECIPE_VERSION = 4
 
 
 @dataclass(frozen=True)
@@ -152,18 +153,22 @@ def tensorflow_child(module: str, *args: str) -> str | None:
 
 
 def keras_to_onnx_in_this_process(h5: Path, out: Path) -> None:
-    """tf2onnx conversion (imports TensorFlow)."""
+    """tf2onnx conversion (imports TensorFlow), BatchNormalization scales computed in float64
+    (:mod:`resnet8ptq.batchnorm_fold`)."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import onnx
     import tensorflow as tf
     import tf2onnx
+
+    from resnet8ptq.batchnorm_fold import float64_batchnorm
 
     try:
         keras_model = tf.keras.models.load_model(h5, compile=False)
     except Exception as err:  # Keras raises many types for unreadable files
         raise ModelError(f"Keras could not load {h5}: {err}") from err
     spec = (tf.TensorSpec((None, *keras_model.input_shape[1:]), tf.float32, name=INPUT_NAME),)
-    model_proto, _ = tf2onnx.convert.from_keras(keras_model, input_signature=spec, opset=ONNX_OPSET)
+    with float64_batchnorm(tf):
+        model_proto, _ = tf2onnx.convert.from_keras(keras_model, input_signature=spec, opset=ONNX_OPSET)
     onnx.save(model_proto, out)
 
 
@@ -175,7 +180,7 @@ def _pre_process(raw: Path, out: Path) -> None:
     static = raw.with_name("static.onnx")
     save_onnx(static_reshapes(onnx.load(raw)), static)
     quant_pre_process(static, out)
-    save_onnx(numbered_dims(onnx.load(out)), out)
+    save_onnx(sorted_initializers(numbered_dims(onnx.load(out))), out)
 
 
 UNKNOWN_DIM = re.compile(r"unk__\d+")
@@ -192,6 +197,16 @@ def numbered_dims(model):
         for dim in info.type.tensor_type.shape.dim:
             if dim.HasField("dim_param") and UNKNOWN_DIM.fullmatch(dim.dim_param):
                 dim.dim_param = names.setdefault(dim.dim_param, f"unk_{len(names)}")
+    return model
+
+
+def sorted_initializers(model):
+    """The graph's initializers in name order: ONNX Runtime's optimiser writes them in its hash table's order,
+    which is not the same from one conversion to the next (three conversions of the same .h5 on an Intel
+    Xeon gave three orders, so three FP32 model digests: issue 72)."""
+    ordered = sorted(model.graph.initializer, key=lambda tensor: tensor.name)
+    del model.graph.initializer[:]
+    model.graph.initializer.extend(ordered)
     return model
 
 

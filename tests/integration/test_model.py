@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -85,3 +87,60 @@ def test_flatten_is_a_static_reshape(canonical_model: CanonicalModel) -> None:
     reshapes = [node for node in graph.node if node.op_type == "Reshape"]
     assert reshapes and all(node.input[1] in constants for node in reshapes)
     assert not [node for node in graph.node if node.op_type in ("Shape", "Gather", "Concat")]
+
+
+def test_a_second_conversion_in_another_process_is_the_same_bytes(
+    canonical_model: CanonicalModel, tmp_path: Path
+) -> None:
+    """Issue 72: a conversion in a fresh cache, in a process of its own, gives the same file, so every run's
+    FP32 `digest.model` is the same; and that is the FP32 model pinned for every CPU kind."""
+    from resnet8ptq.digests import model_digest
+    from resnet8ptq.hardware import detect
+    from tests.integration import pinned
+
+    script = (
+        "import sys; from pathlib import Path; from resnet8ptq.model import canonical_onnx; "
+        "print(canonical_onnx(Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3])).onnx_path)"
+    )
+    args = [str(canonical_model.h5_path), canonical_model.h5_sha256, str(tmp_path / "fresh-cache")]
+    done = subprocess.run(
+        [sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=600, check=False
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    again = Path(done.stdout.strip().splitlines()[-1])
+    assert again.parent.parent == tmp_path / "fresh-cache"
+    assert again.read_bytes() == canonical_model.onnx_path.read_bytes()
+    pinned.check("fp32", {"digest.model": model_digest(canonical_model.onnx_path)}, detect())
+
+
+def test_batchnorm_scales_are_folded_from_float64(tmp_path: Path) -> None:
+    """Issue 72: the folded BatchNorm scale is `float32(gamma / sqrt(float32(variance + eps)))` with float64
+    square root and division (IEEE operations, alike on every CPU), where TensorFlow's own Rsqrt kernel is
+    inexact and follows the CPU (the child saves what TensorFlow folds: it differs in some channels)."""
+    import onnx
+    from onnx import numpy_helper
+
+    from resnet8ptq.batchnorm_fold import batchnorm_scale
+    from resnet8ptq.model import sha256_of
+
+    child = Path(__file__).with_name("batchnorm_child.py")
+    done = subprocess.run(
+        [sys.executable, str(child), str(tmp_path / "bn")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    h5, made = tmp_path / "bn.h5", np.load(tmp_path / "bn.npz")
+    scale = batchnorm_scale(made["gamma"], made["variance"], 1e-3)
+    assert np.count_nonzero(made["tf_scale"] != scale) > 0, "TensorFlow's Rsqrt was exact: nothing is tested"
+
+    converted = onnx.load(canonical_onnx(h5, sha256_of(h5), tmp_path / "cache").onnx_path)
+    (conv,) = [node for node in converted.graph.node if node.op_type == "Conv"]
+    assert [node.op_type for node in converted.graph.node if node.op_type in ("Mul", "Add")] == []
+    constants = {init.name: numpy_helper.to_array(init) for init in converted.graph.initializer}
+    weight, bias = constants[conv.input[1]], constants[conv.input[2]]
+    offset = made["beta"] - made["mean"] * scale  # float32, as TensorFlow computes it
+    np.testing.assert_array_equal(weight, made["kernel"] * scale[:, None, None, None])
+    np.testing.assert_array_equal(bias, made["bias"] * scale + offset)

@@ -17,6 +17,7 @@ WIDER = {
     "clamp and rounding, as the kernels take them",
     "device/executor.py:execute": "the executor's entry point: model and images, then optional knobs",
     "device/graph.py:integer_add": "builds one Add node from its parsed fields",
+    "batchnorm_fold.py:batch_normalization": "stands in for tf.nn.batch_normalization: its signature",
     "execution.py:judge": "a pure function of two accuracies and what ran them (unit-tested case by case)",
 }
 """Functions allowed more than :data:`MAX_PARAMETERS` parameters, with why."""

@@ -26,7 +26,7 @@ def test_one_edited_character_fails_naming_digest_configuration_and_machine(conf
     message = str(failure.value)
     assert f"{tag} {found[tag]} (pinned {value})" in message
     assert message.startswith(f"{configuration} ({pinned.CONFIGURATIONS[configuration]})")
-    assert MACHINE.label in message and pinned.PINNED_ON in message
+    assert MACHINE.label in message and all(kind in message for kind in pinned.CONFIRMED_ON)
     assert message.count("(pinned ") == 1  # only the edited one
 
 
