@@ -34,7 +34,7 @@ from collections.abc import Mapping
 
 from resnet8ptq.hardware import Hardware
 
-CONFIRMED_ON = ("AMD EPYC Zen 3 (avx2,fma; 2 cores), AVX2 only, at PIN_COMMIT",)
+CONFIRMED_ON = ("AMD EPYC Zen 3 (avx2,fma; 2 cores), AVX2 only, at 613d717",)
 """The CPU kinds that have made every value below so far, the first of them the one that pinned them, each
 with the commit it ran. Not yet confirmed: the Intel Xeon (AVX-512, AMX) and AMD EPYC Zen 4 and Zen 5, whose
 first CI run since issue 72 confirms these values (then add it here) or refutes them (its message names what
