@@ -44,7 +44,20 @@ from resnet8ptq.device.cells import cell_digits, drift_compensation
 from resnet8ptq.device.config import Crossbar
 from resnet8ptq.device.effects import STEPS, Effect, ReadStream, Site, Tile, configured, on_the_chip
 from resnet8ptq.device.executor import EXACT_FLOAT32, Arithmetic, integer_conv2d, zero_pad
-from resnet8ptq.device.graph import Conv
+from resnet8ptq.device.graph import Conv, IntegerModel
+from resnet8ptq.errors import Unsupported
+
+
+def check_mappable(model: IntegerModel) -> None:
+    """Refuse a model with a layer this crossbar model does not map: a grouped (depthwise) convolution, whose
+    outputs each sum their own group's C_in / groups · kh · kw terms (on arrays block-diagonally, or on a
+    digital unit: issue 74)."""
+    grouped = [f"{conv.name} ({conv.groups} groups)" for conv in model.convs if conv.groups > 1]
+    if grouped:
+        raise Unsupported(
+            "device=cim does not map grouped (depthwise) convolutions onto crossbars yet: "
+            f"{', '.join(grouped)}. device=integer runs them."
+        )
 
 
 def tile_sizes(terms: int, rows: int | None) -> list[int]:

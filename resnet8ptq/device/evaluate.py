@@ -13,7 +13,7 @@ from tqdm import tqdm
 from resnet8ptq.device.actions import LayerActions, device_actions, totals
 from resnet8ptq.device.adc import LayerSteps, PartialSumProfile
 from resnet8ptq.device.adc_ranges import AdcRule, calibrated_steps, fixed_steps
-from resnet8ptq.device.cim import CrossbarArithmetic, worst_case_full_scale
+from resnet8ptq.device.cim import CrossbarArithmetic, check_mappable, worst_case_full_scale
 from resnet8ptq.device.config import CALIBRATED_RANGES, DeviceConfig
 from resnet8ptq.device.dac import dac_ranges as calibrated_dac_ranges
 from resnet8ptq.device.dac import profiled_inputs
@@ -240,6 +240,8 @@ def evaluate_device(
     ``device`` over every test image, once per noise draw (seeds 0, 1, ...); the ADC ranges from the
     calibration images' partial sums (``adc_profiles``: :func:`adc_steps`), or ``learned``
     (``device.adc_range=learned``)."""
+    if device.kind == "cim":
+        check_mappable(model)
     start = time.perf_counter()
     name, reference_predictions = evaluated.name, evaluated.reference.predictions
     images, labels, perf_subset = data.test_images, data.test_labels, data.perf_subset

@@ -52,20 +52,25 @@ def exact_dtype(weight: np.ndarray, input_bound: int, extra: int = 0) -> torch.d
 
 
 def integer_conv2d(
-    x: torch.Tensor, weight: torch.Tensor, stride: tuple[int, int] | int, gemm: bool | None = None
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    stride: tuple[int, int] | int,
+    gemm: bool | None = None,
+    groups: int = 1,
 ) -> torch.Tensor:
     """An unpadded convolution of integer-valued floats, exact while every partial sum stays below the
     type's integer limit (:func:`exact_dtype`). On the CPU, torch's convolution (oneDNN's direct algorithm);
     with ``gemm`` (the default on CUDA, where cuDNN may pick Winograd or FFT kernels, which are not exact) an
-    im2col matrix product in C_in-major (c, kh, kw) order with TF32 off."""
+    im2col matrix product in C_in-major (c, kh, kw) order with TF32 off, group by group."""
     if not (x.is_cuda if gemm is None else gemm):
-        return F.conv2d(x, weight, stride=stride)
+        return F.conv2d(x, weight, stride=stride, groups=groups)
     kernel, (height, width) = weight.shape[2:], x.shape[2:]
     stride = (stride, stride) if isinstance(stride, int) else tuple(stride)
-    columns = F.unfold(x, kernel, stride=stride)  # (N, C·kh·kw, L)
+    columns = F.unfold(x, kernel, stride=stride)  # (N, C·kh·kw, L), channel-major
+    columns = columns.reshape(len(x), groups, -1, columns.shape[-1])  # (N, G, C/G·kh·kw, L)
     out = (height - kernel[0]) // stride[0] + 1, (width - kernel[1]) // stride[1] + 1
     with exact_matmul():
-        product = weight.reshape(len(weight), -1) @ columns  # (N, O, L)
+        product = weight.reshape(groups, len(weight) // groups, -1) @ columns  # (N, G, O/G, L)
     return product.reshape(len(x), len(weight), *out)
 
 
@@ -95,7 +100,7 @@ def float_conv(
     padded = zero_pad(layer, x.to(dtype))
     if isinstance(weight, np.ndarray):
         weight = torch.from_numpy(np.ascontiguousarray(weight))
-    return integer_conv2d(padded, weight.to(dtype=dtype, device=x.device), layer.stride)
+    return integer_conv2d(padded, weight.to(dtype=dtype, device=x.device), layer.stride, groups=layer.groups)
 
 
 def input_bound(layer: Conv) -> int:
@@ -241,13 +246,18 @@ def average_pool(layer: AveragePool, x: torch.Tensor) -> torch.Tensor:
 
 
 def quantize_input(model: IntegerModel, images: np.ndarray) -> torch.Tensor:
-    """NHWC float32 images as the model's quantized input, NCHW (integer values in float32): x / scale in
-    float32, rounded as the source runtime rounds (TFLite: half away from zero; ONNX/torch QuantizeLinear:
-    half to even)."""
+    """NHWC float32 images (or (N, features) vectors, as (N, features, 1, 1)) as the model's quantized input,
+    NCHW (integer values in float32): x / scale in float32, rounded as the source runtime rounds (TFLite: half
+    away from zero; ONNX/torch QuantizeLinear: half to even)."""
     q = model.input_quant
-    scaled = torch.from_numpy(np.ascontiguousarray(images, np.float32)).permute(0, 3, 1, 2) / np.float32(
-        q.scale
-    )
+    values = torch.from_numpy(np.ascontiguousarray(images, np.float32))
+    if values.dim() == 2:
+        values = values.reshape(*values.shape, 1, 1)
+    elif values.dim() == 4:
+        values = values.permute(0, 3, 1, 2)
+    else:
+        raise ValueError(f"inputs of shape {tuple(images.shape)}: expected NHWC images or (N, features).")
+    scaled = values / np.float32(q.scale)
     if model.input_rounding == "half_away_from_zero":
         rounded = torch.sign(scaled) * torch.floor(scaled.abs() + 0.5)
     else:

@@ -52,7 +52,9 @@ ARITHMETIC = {
     "NHWC float32 image (raw 0-255 pixels, no normalisation), transposed to NCHW; round per "
     "input_rounding (half_away_from_zero: TFLite; half_to_even: ONNX/PyTorch "
     "QuantizeLinear), in float32.",
-    "Conv": "acc[o] = sum over the C_in*kh*kw terms of (x - x_zp) * (w[o] - w_zp[o]) + bias[o] "
+    "Conv": "acc[o] = sum over the C_in/groups*kh*kw terms of (x - x_zp) * (w[o] - w_zp[o]) + bias[o] "
+    "(groups > 1, a grouped or depthwise convolution: output o reads only the input channels of its "
+    "group g = o // (O / groups), channels g*C_in/groups onwards; weight O x C_in/groups x kh x kw) "
     "(int64; int32 never overflows for this network), the input zero-padded by padding = "
     "[top, bottom, left, right] (a padded position contributes 0 after centring) and strided "
     "by stride = [h, w]; then y = clamp(MBQM(acc, multiplier[o], shift[o]) + "

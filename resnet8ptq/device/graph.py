@@ -52,7 +52,10 @@ class Residual:
 @dataclass
 class Conv:
     """A convolution or fully-connected layer (a dense layer is a 1x1 convolution on a 1x1 input):
-    acc = Σ (x - x_zp)(w - w_zp) + bias; y = clamp(MBQM(acc, multiplier, shift) + y_zp, act_min, act_max)."""
+    acc = Σ (x - x_zp)(w - w_zp) + bias; y = clamp(MBQM(acc, multiplier, shift) + y_zp, act_min, act_max).
+    A grouped convolution (``groups`` > 1; a depthwise one has one group per input channel) sums each output
+    over its group's I = C_in / groups input channels only, as torch's ``conv2d(groups=...)``: output o reads
+    group o // (O / groups)."""
 
     name: str
     input: str
@@ -72,10 +75,16 @@ class Conv:
     dense: bool = False
     rounding: str = "double"  # MBQM's rounding (fixed_point.ROUNDINGS): TFLite's double, or single
     residual: Residual | None = None  # a quantized tensor added before requantization (fused conv + add)
+    groups: int = 1  # input-channel groups: C_in for a depthwise convolution
+
+    @property
+    def depthwise(self) -> bool:
+        """One input channel per group (TFLite's DEPTHWISE_CONV_2D, any depth multiplier)."""
+        return self.groups > 1 and self.weight.shape[1] == 1
 
     @property
     def terms(self) -> int:
-        """Products summed per output: C_in · kh · kw (a crossbar's rows for one output)."""
+        """Products summed per output: C_in / groups · kh · kw (a crossbar's rows for one output)."""
         return int(np.prod(self.weight.shape[1:]))
 
     @property

@@ -4,12 +4,14 @@ slicing, and the `device` settings' validation."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
 
 from resnet8ptq.device.adc import Geometry, LayerSteps
-from resnet8ptq.device.cim import CrossbarArithmetic, slices, tile_sizes
+from resnet8ptq.device.cim import CrossbarArithmetic, check_mappable, slices, tile_sizes
 from resnet8ptq.device.config import Crossbar, DeviceConfig
 from resnet8ptq.device.executor import Ideal, integer_conv2d, requantize_exact
 from resnet8ptq.device.fixed_point import (
@@ -17,7 +19,8 @@ from resnet8ptq.device.fixed_point import (
     multiply_by_quantized_multiplier,
     quantize_multiplier,
 )
-from resnet8ptq.device.graph import Conv, Quant
+from resnet8ptq.device.graph import Conv, IntegerModel, Quant
+from resnet8ptq.errors import Unsupported
 
 pytestmark = pytest.mark.device
 
@@ -148,6 +151,48 @@ def test_the_gemm_convolution_equals_torch_conv(kernel: int, stride: int, size: 
     expected = torch.nn.functional.conv2d(x, weight, stride=stride)
     assert torch.equal(integer_conv2d(x, weight, stride, gemm=True), expected)
     assert torch.equal(integer_conv2d(x, weight, stride), expected)  # on the CPU: torch's conv
+
+
+@pytest.mark.parametrize(("groups", "multiplier", "stride"), [(5, 1, 1), (5, 2, 2), (1, 6, 1)])
+def test_the_grouped_gemm_convolution_equals_torch_conv(groups: int, multiplier: int, stride: int) -> None:
+    """A depthwise convolution (one group per input channel, any depth multiplier) as the CUDA path's
+    group-by-group im2col product gives torch's grouped conv's integers."""
+    rng = np.random.default_rng(8)
+    x = torch.from_numpy(rng.integers(-128, 128, (3, 5, 11, 11)).astype(np.float32))
+    shape = (groups * multiplier, 5 // groups, 3, 3)
+    weight = torch.from_numpy(rng.integers(-127, 128, shape).astype(np.float32))
+    expected = torch.nn.functional.conv2d(x, weight, stride=stride, groups=groups)
+    assert torch.equal(integer_conv2d(x, weight, stride, gemm=True, groups=groups), expected)
+    assert torch.equal(integer_conv2d(x, weight, stride, groups=groups), expected)
+
+
+def test_the_crossbar_refuses_a_depthwise_layer_before_any_work() -> None:
+    layer = conv_layer(np.random.default_rng(0), channels_in=1)
+    depthwise = dataclasses.replace(layer, name="dw", groups=8)
+    model = IntegerModel("tflite", "x", layer.input_quant, "half_away_from_zero", [depthwise])
+    assert depthwise.depthwise and depthwise.terms == 9
+    with pytest.raises(Unsupported, match=r"depthwise.*dw \(8 groups\).*device=integer runs them"):
+        check_mappable(model)
+    check_mappable(IntegerModel("tflite", "x", layer.input_quant, "half_away_from_zero", [layer]))
+
+
+@pytest.mark.parametrize(
+    ("activation", "expected"), [("NONE", (-128, 127)), ("RELU", (-3, 127)), ("RELU6", (-3, 27))]
+)
+def test_fused_activations_clamp_as_tflite(activation: str, expected: tuple[int, int]) -> None:
+    """TFLite's CalculateActivationRangeQuantized: zero point + round(bound / scale), in the type's range
+    (scale 0.2, zero point -3: ReLU6's 6 is 30 steps up)."""
+    from types import SimpleNamespace
+
+    from ai_edge_litert import schema_py_generated as schema
+
+    from resnet8ptq.backends.tflite.integer import NotInteger, activation_range
+
+    options = SimpleNamespace(fusedActivationFunction=getattr(schema.ActivationFunctionType, activation))
+    assert activation_range(options, "CONV_2D", Quant(0.2, -3, -128, 127)) == expected
+    tanh = SimpleNamespace(fusedActivationFunction=schema.ActivationFunctionType.TANH)
+    with pytest.raises(NotInteger, match="CONV_2D with fused activation TANH"):
+        activation_range(tanh, "CONV_2D", Quant(0.2, -3, -128, 127))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

@@ -2,10 +2,12 @@
 
 TFLite stores the integers already: int8 weights (per-channel scales, zero point 0), int32 biases, int8
 activations with scale and zero point. What this adds is what TFLite's kernels derive at ``Prepare``: the
-requantization multipliers and shifts (``PopulateConvolutionQuantizationParams`` for CONV_2D,
-``GetQuantizedConvolutionMultipler`` for FULLY_CONNECTED, ``PrepareGeneralSubOp`` for ADD), the SAME padding
-(``ComputePaddingHeightWidth``) and the fused ReLU's clamp. Checked bit for bit against LiteRT's reference
-kernels (tests/integration/test_device.py).
+requantization multipliers and shifts (``PopulateConvolutionQuantizationParams`` for CONV_2D and
+DEPTHWISE_CONV_2D, ``GetQuantizedConvolutionMultipler`` for FULLY_CONNECTED, ``PrepareGeneralSubOp`` for ADD),
+the SAME padding (``ComputePaddingHeightWidth``) and the fused ReLU's or ReLU6's clamp
+(``CalculateActivationRangeQuantized``). Checked bit for bit against LiteRT's reference kernels on ResNet8
+(tests/integration/test_device.py) and on MLPerf Tiny's int8 VWW, KWS and AD models
+(tests/integration/test_device_mlperf.py).
 """
 
 from __future__ import annotations
@@ -28,9 +30,12 @@ from resnet8ptq.device.graph import (
 )
 
 FUSED = {
-    schema.ActivationFunctionType.NONE: False,
-    schema.ActivationFunctionType.RELU: True,
+    schema.ActivationFunctionType.NONE: (None, None),
+    schema.ActivationFunctionType.RELU: (0.0, None),
+    schema.ActivationFunctionType.RELU6: (0.0, 6.0),
+    schema.ActivationFunctionType.RELU_N1_TO_1: (-1.0, 1.0),
 }
+"""A fused activation's real clamp (low, high; None: the type's limit)."""
 PASS_THROUGH = {"RESHAPE", "SQUEEZE"}  # the flatten before the dense layer: no arithmetic
 AFTER_LOGITS = {"SOFTMAX", "DEQUANTIZE"}  # the host's part: the logits' argmax is the prediction
 
@@ -50,11 +55,27 @@ def quant(tensor: Tensor) -> Quant:
     return Quant(float(tensor.scales[0]), int(tensor.zero_points[0]), int(info.min), int(info.max))
 
 
-def fused_relu(options: object, op: str) -> bool:
+def activation_range(options: object, op: str, q: Quant) -> tuple[int, int]:
+    """The output's integer clamp for the op's fused activation, as TFLite's
+    ``CalculateActivationRangeQuantized``: each real bound as zero_point + round(bound / scale) (float32
+    division, half away from zero), within the type's range."""
     activation = getattr(options, "fusedActivationFunction", schema.ActivationFunctionType.NONE)
     if activation not in FUSED:
-        raise NotInteger(f"{op} with fused activation {activation}: only none and RELU are covered.")
-    return FUSED[activation]
+        names = {code: name for name, code in vars(schema.ActivationFunctionType).items() if name.isupper()}
+        raise NotInteger(
+            f"{op} with fused activation {names.get(activation, activation)}: the integer executor covers "
+            f"{', '.join(names[code] for code in FUSED)}."
+        )
+
+    def level(bound: float) -> int:
+        scaled = np.float32(bound) / np.float32(q.scale)
+        return q.zero_point + int(np.sign(scaled) * np.floor(np.abs(scaled) + np.float32(0.5)))
+
+    low, high = FUSED[activation]
+    return (
+        q.qmin if low is None else max(q.qmin, level(low)),
+        q.qmax if high is None else min(q.qmax, level(high)),
+    )
 
 
 def same_padding(size: int, kernel: int, stride: int) -> tuple[int, int]:
@@ -65,13 +86,18 @@ def same_padding(size: int, kernel: int, stride: int) -> tuple[int, int]:
 
 
 def conv(model: TFLiteModel, op: str, inputs: list[int], output: int, options: object) -> Conv:
-    """CONV_2D (weight OHWI) or FULLY_CONNECTED (weight OI) with its requantization."""
+    """CONV_2D (weight OHWI), DEPTHWISE_CONV_2D (weight 1HW(C·M), one group per input channel) or
+    FULLY_CONNECTED (weight OI) with its requantization."""
     x, w, b = (model.tensors[i] for i in inputs[:3])
     y = model.tensors[output]
     q_in, q_out = quant(x), quant(y)
     dense = op == "FULLY_CONNECTED"
     weight = w.values.astype(np.int32)
-    weight = weight[:, :, None, None] if dense else weight.transpose(0, 3, 1, 2)
+    groups = x.shape[3] if op == "DEPTHWISE_CONV_2D" else 1
+    if dense:
+        weight = weight[:, :, None, None]
+    else:  # OHWI, and depthwise's 1HW(C·M) as (C·M)1HW: output c·M + m reads input channel c
+        weight = weight.transpose(3, 0, 1, 2) if groups > 1 else weight.transpose(0, 3, 1, 2)
     channels = len(weight)
     weight_scale = np.broadcast_to(w.scales.astype(np.float32), (channels,)).copy()
     multiplier, shift = conv_requantization(q_in.scale, weight_scale, q_out.scale)
@@ -104,16 +130,20 @@ def conv(model: TFLiteModel, op: str, inputs: list[int], output: int, options: o
         output_quant=q_out,
         multiplier=multiplier,
         shift=shift,
-        act_min=q_out.clamp_min(fused_relu(options, op)),
-        act_max=q_out.qmax,
+        act_min=activation_range(options, op, q_out)[0],
+        act_max=activation_range(options, op, q_out)[1],
         dense=dense,
         rounding="single" if dense else "double",  # as LiteRT's reference kernels round (checked in tests)
+        groups=groups,
     )
 
 
 def add(model: TFLiteModel, inputs: list[int], output: int, options: object) -> Add:
     quants = (quant(model.tensors[inputs[0]]), quant(model.tensors[inputs[1]]))
-    relu = fused_relu(options, "ADD")
+    q_out = quant(model.tensors[output])
+    if activation_range(options, "ADD", q_out)[1] != q_out.qmax:
+        raise NotInteger(f"{model.tensors[output].name}: ADD with a fused ReLU6 is not covered.")
+    relu = activation_range(options, "ADD", q_out)[0] != q_out.qmin
     return integer_add(
         tflite_layer_name(model, output),
         (str(inputs[0]), str(inputs[1])),
@@ -127,7 +157,10 @@ def add(model: TFLiteModel, inputs: list[int], output: int, options: object) -> 
 
 def average_pool(model: TFLiteModel, inputs: list[int], output: int, options: object) -> AveragePool:
     x, y = model.tensors[inputs[0]], model.tensors[output]
-    if (options.filterHeight, options.filterWidth) != tuple(x.shape[1:3]) or fused_relu(options, "POOL"):
+    q = quant(y)
+    if (options.filterHeight, options.filterWidth) != tuple(x.shape[1:3]) or activation_range(
+        options, "AVERAGE_POOL_2D", q
+    ) != (q.qmin, q.qmax):
         raise NotInteger(f"{y.name}: only a global average pool (the window is the whole input) is covered.")
     q_in, q_out = quant(x), quant(y)
     if (q_in.scale, q_in.zero_point) != (q_out.scale, q_out.zero_point):
@@ -147,7 +180,7 @@ def integer_model(path: Path) -> IntegerModel:
         inputs = [alias.get(i, i) for i in inputs]
         if op == "QUANTIZE" and inputs[0] == input_index:
             input_index = outputs[0]  # the float input's quantization: done by quantize_input
-        elif op in ("CONV_2D", "FULLY_CONNECTED"):
+        elif op in ("CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED"):
             layers.append(conv(model, op, inputs, outputs[0], options))
         elif op == "ADD":
             layers.append(add(model, inputs, outputs[0], options))

@@ -1,0 +1,75 @@
+"""The integer device on networks it was not built on (issue 73, item 5): MLPerf Tiny's own int8 models of
+visual wake words (MobileNetV1 0.25: 13 depthwise convolutions), keyword spotting (DS-CNN: 4 depthwise) and
+anomaly detection (a chain of 10 fully-connected layers on a 640-value vector), read from their .tflite files
+and run by the integer executor, give every layer's int8 output of LiteRT's reference kernels
+(``BUILTIN_REF``) to the bit, the logits included (the host's softmax is not the device's).
+
+The inputs are generated (uniform int8, seeded): these models' data sets are not on these machines, and
+bit-exactness is a property of the arithmetic, not of the data; shared/models/mlperf_tiny/ holds the files.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from ai_edge_litert.interpreter import Interpreter, OpResolverType
+
+from resnet8ptq.backends.tflite.integer import integer_model
+from resnet8ptq.device.executor import execute
+
+MODELS = {
+    "vww": ("visual_wake_words/vww_96_int8.tflite", {"DEPTHWISE_CONV_2D": 13}),
+    "kws": ("keyword_spotting/kws_ref_model.tflite", {"DEPTHWISE_CONV_2D": 4}),
+    "ad": ("anomaly_detection/ad01_int8.tflite", {"FULLY_CONNECTED": 10}),
+}
+"""Each model's file under models/mlperf_tiny/ and the layers of the kind ResNet8 lacks that it must hold."""
+INPUTS = 200
+
+
+def reference_layers(path: Path, inputs: np.ndarray, tensors: list[str]) -> dict[str, np.ndarray]:
+    """The listed tensors of the int8 .tflite model on LiteRT's reference kernels for int8 ``inputs``
+    (NCHW for 4-D tensors)."""
+    interpreter = Interpreter(
+        model_path=str(path),
+        experimental_op_resolver_type=OpResolverType.BUILTIN_REF,
+        experimental_preserve_all_tensors=True,
+    )
+    detail = interpreter.get_input_details()[0]
+    interpreter.resize_tensor_input(detail["index"], inputs.shape)
+    interpreter.allocate_tensors()
+    interpreter.set_tensor(detail["index"], inputs)
+    interpreter.invoke()
+    values = {name: interpreter.get_tensor(int(name)) for name in tensors}
+    return {name: v.transpose(0, 3, 1, 2) if v.ndim == 4 else v for name, v in values.items()}
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_the_integer_device_is_litert_reference_kernels(name: str, assets_dir: Path) -> None:
+    file, kinds = MODELS[name]
+    path = assets_dir / "models" / "mlperf_tiny" / file
+    assert path.is_file(), f"{path} is missing: shared/models/mlperf_tiny/ holds MLPerf Tiny's models"
+    integer = integer_model(path)
+    depthwise = sum(conv.depthwise for conv in integer.convs)
+    dense = sum(conv.dense for conv in integer.convs)
+    assert {"DEPTHWISE_CONV_2D": depthwise, "FULLY_CONNECTED": dense}.items() >= kinds.items()
+
+    interpreter = Interpreter(model_path=str(path))
+    detail = interpreter.get_input_details()[0]
+    scale, zero_point = detail["quantization"]
+    assert detail["dtype"] == np.int8
+    rng = np.random.default_rng(73)
+    inputs = rng.integers(-128, 128, size=(INPUTS, *detail["shape"][1:]), dtype=np.int8)
+    # Real values the executor quantizes back to exactly these integers (x / scale is within 2 ulps of one).
+    real = (inputs.astype(np.float32) - np.float32(zero_point)) * np.float32(scale)
+    _, trace = execute(integer, real, batch_size=INPUTS, trace_images=INPUTS)
+    layers = [integer.input, *(layer.output for layer in integer.layers)]
+    reference = reference_layers(path, inputs, layers)
+    differing = {}
+    for tensor in layers:
+        ours = trace.outputs[tensor].numpy().reshape(reference[tensor].shape)
+        if not np.array_equal(ours, reference[tensor]):
+            differing[tensor] = int((ours != reference[tensor]).sum())
+    assert not differing, f"{name}: outputs differing from LiteRT's reference kernels, by tensor: {differing}"
+    assert len(np.unique(reference[integer.output])) > 1, "constant logits: nothing was compared"
