@@ -69,6 +69,7 @@ class QdqLayer:
     padding: tuple[int, int, int, int] = (0, 0, 0, 0)  # top, bottom, left, right
     relu: bool = False  # an explicit ReLU between the op and its quantization
     residual: str | None = None  # conv only: a quantized tensor added to its output before quantization
+    groups: int = 1  # conv only: input-channel groups (C_in: depthwise)
 
 
 def lower_conv(layer: QdqLayer, q_in: Quant, q_out: Quant | None, quants: dict[str, Quant]) -> Conv:
@@ -116,6 +117,7 @@ def lower_conv(layer: QdqLayer, q_in: Quant, q_out: Quant | None, quants: dict[s
         dense=layer.kind == "dense",
         rounding="single",
         residual=residual,
+        groups=layer.groups,
     )
 
 

@@ -110,8 +110,9 @@ def integer_model(path: Path) -> IntegerModel:
                 pads = attributes.get("pads", [0, 0, 0, 0])  # top, left, bottom, right
                 layer.padding = (pads[0], pads[2], pads[1], pads[3])
                 layer.stride = tuple(attributes.get("strides", [1, 1]))
-                if attributes.get("group", 1) != 1 or set(attributes.get("dilations", [1, 1])) != {1}:
-                    raise ValueError(f"{layer.name}: grouped or dilated convolutions are not covered.")
+                if set(attributes.get("dilations", [1, 1])) != {1}:
+                    raise ValueError(f"{layer.name}: dilated convolutions are not covered.")
+                layer.groups = attributes.get("group", 1)
             layer.weight, layer.weight_scale, layer.weight_zero_point = weight, w_scale, w_zp
             if len(node.input) > 2:
                 bias = node.input[2]

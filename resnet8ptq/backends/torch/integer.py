@@ -115,8 +115,9 @@ def integer_model(path: Path) -> IntegerModel:
                     args[5],
                     args[6],
                 )
-                if (dilation not in (None, [1, 1])) or groups not in (None, 1):
-                    raise ValueError(f"{node.name}: dilated or grouped convolutions are not covered.")
+                if dilation not in (None, [1, 1]):
+                    raise ValueError(f"{node.name}: dilated convolutions are not covered.")
+                layer.groups = groups or 1
                 ph, pw = conv_padding
                 layer.stride = tuple(stride)
                 layer.padding = tuple(p + q for p, q in zip(padding, (ph, ph, pw, pw), strict=True))
