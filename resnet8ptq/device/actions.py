@@ -43,7 +43,7 @@ from resnet8ptq.device.cim import dac_window, input_range, slice_shifts, slices,
 from resnet8ptq.device.config import Crossbar, DeviceConfig
 from resnet8ptq.device.dac import profiled_inputs
 from resnet8ptq.device.executor import execute
-from resnet8ptq.device.graph import Add, AveragePool, Conv, IntegerModel
+from resnet8ptq.device.graph import Add, AveragePool, Conv, IntegerModel, MaxPool
 
 STATISTICS_EVERY = 4
 """The input statistics are measured on every fourth calibration image (250 of the default 1,000, all
@@ -132,6 +132,8 @@ def count_actions(
         elif isinstance(layer, AveragePool):
             adds = int(np.prod(shapes[layer.input])) - out
             counted.append(LayerActions(layer.name, "pool", out, pooling_adds=adds, requantizations=out))
+        elif isinstance(layer, MaxPool):  # comparisons: not an action the cost model prices yet
+            counted.append(LayerActions(layer.name, "max_pool", out))
     return counted
 
 

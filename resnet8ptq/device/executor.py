@@ -12,6 +12,7 @@ integer operations of TFLite's reference kernels (:mod:`.fixed_point`), bit for 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -25,7 +26,15 @@ from resnet8ptq.device.fixed_point import (
     effective_scale,
     multiply_by_quantized_multiplier_single_rounding,
 )
-from resnet8ptq.device.graph import RESIDUAL_FRACTION_BITS, Add, AveragePool, Conv, IntegerModel, Layer
+from resnet8ptq.device.graph import (
+    RESIDUAL_FRACTION_BITS,
+    Add,
+    AveragePool,
+    Conv,
+    IntegerModel,
+    Layer,
+    MaxPool,
+)
 
 EXACT_FLOAT32 = 2**24
 """Integers up to 2^24 are exact in float32: a sum whose every partial sum stays below it is exact."""
@@ -245,6 +254,18 @@ def average_pool(layer: AveragePool, x: torch.Tensor) -> torch.Tensor:
     )
 
 
+def max_pool(layer: MaxPool, x: torch.Tensor) -> torch.Tensor:
+    """Each window's largest integer (exact in float), padded positions below every integer, then the
+    fused activation's clamp."""
+    top, bottom, left, right = layer.padding
+    padded = F.pad(x, (left, right, top, bottom), value=-math.inf) if any(layer.padding) else x
+    out = F.max_pool2d(padded, layer.kernel, layer.stride)
+    q = layer.output_quant
+    low = q.qmin if layer.act_min is None else layer.act_min
+    high = q.qmax if layer.act_max is None else layer.act_max
+    return out.clamp(low, high)
+
+
 def quantize_input(model: IntegerModel, images: np.ndarray) -> torch.Tensor:
     """NHWC float32 images (or (N, features) vectors, as (N, features, 1, 1)) as the model's quantized input,
     NCHW (integer values in float32): x / scale in float32, rounded as the source runtime rounds (TFLite: half
@@ -295,6 +316,8 @@ def run_layer(layer: Layer, tensors: dict[str, torch.Tensor], arithmetic: Arithm
         return add(layer, tensors[layer.inputs[0]], tensors[layer.inputs[1]])
     if isinstance(layer, AveragePool):
         return average_pool(layer, tensors[layer.input])
+    if isinstance(layer, MaxPool):
+        return max_pool(layer, tensors[layer.input])
     raise TypeError(f"Unknown layer {layer!r}")
 
 

@@ -35,7 +35,7 @@ from resnet8ptq.device.cim import dac_window, input_range, slice_shifts, tile_si
 from resnet8ptq.device.config import Crossbar, DeviceConfig
 from resnet8ptq.device.effects import STEPS, configured
 from resnet8ptq.device.executor import execute
-from resnet8ptq.device.graph import Add, AveragePool, Conv, IntegerModel
+from resnet8ptq.device.graph import Add, AveragePool, Conv, IntegerModel, MaxPool
 
 GOLDEN_IMAGES = 16
 SCHEME = (
@@ -82,6 +82,9 @@ ARITHMETIC = {
     "even when half_to_even (a QDQ model's QuantizeLinear), clamped to output_quant's "
     "qmin..qmax; otherwise y = clamp(MBQM(sum of (q - input_zp), multiplier, shift) + "
     "output zero point, qmin, qmax) with TFLite's double rounding.",
+    "MaxPool": "y = clamp(max over each kernel window, strided by stride, of the raw integers q; "
+    "padding = [top, bottom, left, right] positions never win; clamped to act_min..act_max, or "
+    "output_quant's qmin..qmax when null). Input and output share their quantization.",
     "prediction": "the class is the argmax of the last layer's real values: (q - zp) * scale, or acc "
     "* input_quant.scale * weight_scale[o] when its output_quant is null (per-channel "
     "scales differ), the first class on a tie.",
@@ -147,7 +150,7 @@ def summary_row(layer: object) -> dict[str, object]:
             "rounding": layer.rounding,
             "residual": layer.residual.tensor if layer.residual else "",
         }
-    elif isinstance(layer, Add | AveragePool):
+    elif isinstance(layer, Add | AveragePool | MaxPool):
         row |= {"output_scale": layer.output_quant.scale, "output_zero_point": layer.output_quant.zero_point}
     return row
 

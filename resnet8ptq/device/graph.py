@@ -150,7 +150,24 @@ class AveragePool:
     half_to_even: bool = False  # the division's ties to even (as a QDQ model's QuantizeLinear), not away
 
 
-Layer = Conv | Add | AveragePool
+@dataclass
+class MaxPool:
+    """A max pool: each window's largest integer, exact (input and output share their quantization, as
+    TFLite's MAX_POOL_2D requires and ONNX Runtime's and PyTorch's quantizers arrange). Padded positions
+    never win (TFLite counts only the window's in-bounds values; ONNX and PyTorch pad with -inf)."""
+
+    name: str
+    input: str
+    output: str
+    output_quant: Quant
+    kernel: tuple[int, int]
+    stride: tuple[int, int]
+    padding: tuple[int, int, int, int] = (0, 0, 0, 0)  # top, bottom, left, right
+    act_min: int | None = None  # a fused activation's clamp (TFLite); None: the type's range
+    act_max: int | None = None
+
+
+Layer = Conv | Add | AveragePool | MaxPool
 
 
 @dataclass

@@ -31,6 +31,7 @@ from resnet8ptq.device.graph import (
     Conv,
     IntegerModel,
     Layer,
+    MaxPool,
     Quant,
     Residual,
     conv_requantization,
@@ -56,7 +57,7 @@ class QdqLayer:
     integer weights (O, I, kh, kw), their scales and zero points (per channel), and its bias (int32 at
     x_scale · w_scale, or float)."""
 
-    kind: str  # "conv" | "dense" | "add" | "average_pool"
+    kind: str  # "conv" | "dense" | "add" | "average_pool" | "max_pool"
     name: str
     inputs: list[str]
     output: str
@@ -70,6 +71,7 @@ class QdqLayer:
     relu: bool = False  # an explicit ReLU between the op and its quantization
     residual: str | None = None  # conv only: a quantized tensor added to its output before quantization
     groups: int = 1  # conv only: input-channel groups (C_in: depthwise)
+    kernel: tuple[int, int] = (1, 1)  # max_pool only: the window
 
 
 def lower_conv(layer: QdqLayer, q_in: Quant, q_out: Quant | None, quants: dict[str, Quant]) -> Conv:
@@ -137,6 +139,17 @@ def lower_pool(layer: QdqLayer, q_in: Quant, q_out: Quant, window: int) -> Avera
     )
 
 
+def lower_max_pool(layer: QdqLayer, q_in: Quant, q_out: Quant) -> MaxPool:
+    if (q_in.scale, q_in.zero_point) != (q_out.scale, q_out.zero_point) or layer.relu:
+        raise ValueError(
+            f"{layer.name}: a max pool whose output is quantized otherwise than its input (or with a ReLU "
+            "after it) is not covered."
+        )
+    return MaxPool(
+        layer.name, layer.inputs[0], layer.output, q_out, layer.kernel, layer.stride, layer.padding
+    )
+
+
 def execution_order(layers: list[QdqLayer], input_name: str) -> list[QdqLayer]:
     """``layers`` reordered so that each comes after the layers making its inputs and residual (a fused
     conv + add reads a tensor that a later node of the graph may compute)."""
@@ -179,6 +192,8 @@ def lower(
             lowered.append(lower_add(layer, (quants[layer.inputs[0]], quants[layer.inputs[1]]), q_out))
         elif layer.kind == "average_pool":
             lowered.append(lower_pool(layer, quants[layer.inputs[0]], q_out, pool_windows[layer.name]))
+        elif layer.kind == "max_pool":
+            lowered.append(lower_max_pool(layer, quants[layer.inputs[0]], q_out))
         else:
             raise ValueError(f"{layer.name}: layer kind {layer.kind!r} is not covered.")
     return IntegerModel(

@@ -2,11 +2,12 @@
 small depthwise-separable network (NHWC input, 3x3 conv, 3x3 depthwise with stride 2, 1x1 pointwise, global
 average pool, dense), with seeded random weights, quantized by ONNX Runtime and PyTorch PT2E (int8, per
 channel, MinMax) on generated images, read into the integer description with its depthwise layer as a
-grouped convolution, and run: its predictions are the toolchain's QDQ reference pass's but for a few near
-ties (at most 3 %; measured on the AVX2-only AMD EPYC: ONNX Runtime none, PyTorch 5 of 300, where the float
-logits of the top two classes lie within 0.075 of each other). The reference computes each layer in float
-and rounds it, the device in integers, so one step of rounding apart per layer. LiteRT's depthwise kernels
-are checked bit for bit on MLPerf's models (test_device_mlperf.py)."""
+grouped convolution, and run, with and without a padded 3x3 max pool: its predictions are the toolchain's
+QDQ reference pass's but for near ties (:data:`NEAR_TIE`), at most 5 %. Measured on the AVX2-only AMD EPYC:
+ONNX Runtime none differ; PyTorch 5 and 9 of 300 (without and with the max pool), the reference's top two
+logits within 0.072 and 0.094 of each other. The reference computes each layer in float and rounds it (and
+keeps PyTorch's biases in float), the device in integers, so a step of rounding apart per layer. LiteRT's
+depthwise and max-pool kernels are checked bit for bit (test_device_mlperf.py)."""
 
 from __future__ import annotations
 
@@ -19,15 +20,20 @@ from onnx import TensorProto, helper, numpy_helper
 
 from resnet8ptq.calibration import CalibConfig
 from resnet8ptq.device.executor import execute, predictions
+from resnet8ptq.device.graph import MaxPool
 from resnet8ptq.dtype import DtypeConfig
 from resnet8ptq.spec import QuantSpec
 
 IMAGES = 300
+NEAR_TIE = 0.25
+"""A near tie: the reference's top two log-probabilities (its logits) within this of each other, a few output
+steps of the last layer; the logits span about 20."""
 CLASSES = 10
 
 
-def depthwise_network(path: Path) -> None:
-    """The network as an ONNX model taking NHWC float images of raw 0-255 pixels, as tf2onnx writes one."""
+def depthwise_network(path: Path, max_pool: bool = False) -> None:
+    """The network as an ONNX model taking NHWC float images of raw 0-255 pixels, as tf2onnx writes one;
+    ``max_pool``: a 3x3 max pool (stride 1, padded by 1) after the first conv."""
     rng = np.random.default_rng(71)  # a seed whose network sorts generated_images into four classes
 
     def constant(name: str, shape: tuple[int, ...], std: float) -> onnx.TensorProto:
@@ -48,8 +54,9 @@ def depthwise_network(path: Path) -> None:
         helper.make_node("Transpose", ["input"], ["nchw"], perm=[0, 3, 1, 2]),
         helper.make_node("Conv", ["nchw", "stem_w", "stem_b"], ["stem"], pads=[1, 1, 1, 1]),
         helper.make_node("Relu", ["stem"], ["stem_relu"]),
+        helper.make_node("MaxPool", ["stem_relu"], ["pooled"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
         helper.make_node(
-            "Conv", ["stem_relu", "dw_w", "dw_b"], ["dw"], group=8, pads=[1, 1, 1, 1], strides=[2, 2]
+            "Conv", ["pooled", "dw_w", "dw_b"], ["dw"], group=8, pads=[1, 1, 1, 1], strides=[2, 2]
         ),
         helper.make_node("Relu", ["dw"], ["dw_relu"]),
         helper.make_node("Conv", ["dw_relu", "pw_w", "pw_b"], ["pw"]),
@@ -59,6 +66,10 @@ def depthwise_network(path: Path) -> None:
         helper.make_node("Gemm", ["flat", "fc_w", "fc_b"], ["logits"]),
         helper.make_node("Softmax", ["logits"], ["dense"]),
     ]
+    if not max_pool:
+        (pool,) = [node for node in nodes if node.op_type == "MaxPool"]
+        nodes.remove(pool)
+        next(node for node in nodes if node.name == "" and "pooled" in node.input).input[0] = "stem_relu"
     graph = helper.make_graph(
         nodes,
         "depthwise_network",
@@ -80,14 +91,17 @@ def generated_images(rng: np.random.Generator) -> np.ndarray:
     return np.clip(base + gradient + rng.normal(0, 20, (IMAGES, 8, 8, 3)), 0, 255).astype(np.float32)
 
 
+@pytest.mark.parametrize("max_pool", [False, True], ids=["", "max-pool"])
 @pytest.mark.parametrize("backend_name", ["onnx", "torch"])
-def test_a_depthwise_network_runs_on_the_integer_device(backend_name: str, tmp_path: Path) -> None:
+def test_a_depthwise_network_runs_on_the_integer_device(
+    backend_name: str, max_pool: bool, tmp_path: Path
+) -> None:
     if backend_name == "onnx":
         from resnet8ptq.backends.onnx.backend import OnnxRuntimeBackend as Backend
     else:
         from resnet8ptq.backends.torch.backend import TorchBackend as Backend
     path = tmp_path / "depthwise.onnx"
-    depthwise_network(path)
+    depthwise_network(path, max_pool)
     images = generated_images(np.random.default_rng(0))
     spec = QuantSpec(DtypeConfig("int8", "int8"), CalibConfig("minmax"), per_channel=True)
     quantized = Backend(native=False, threads=1).quantize(path, images[:100], spec, tmp_path / "quantized")
@@ -95,10 +109,16 @@ def test_a_depthwise_network_runs_on_the_integer_device(backend_name: str, tmp_p
     integer = Backend(native=False, threads=1).integer_model(quantized.path)
     (depthwise,) = [conv for conv in integer.convs if conv.groups > 1]
     assert depthwise.depthwise and depthwise.groups == 8 and depthwise.terms == 9
+    pools = [layer for layer in integer.layers if isinstance(layer, MaxPool)]
+    assert [(p.kernel, p.padding) for p in pools] == ([((3, 3), (1, 1, 1, 1))] if max_pool else [])
 
     logits, _ = execute(integer, images)
     device = predictions(integer, logits)
-    reference = quantized.reference(images).argmax(axis=1)
+    probabilities = quantized.reference(images)
+    reference = probabilities.argmax(axis=1)
     assert len(set(reference)) >= 3, "the network predicts nearly one class: nothing is compared"
-    differing = int((device != reference).sum())
-    assert differing <= 0.03 * IMAGES, f"{differing} of {IMAGES} predictions differ from the reference pass"
+    top_two = np.log(np.sort(probabilities, axis=1)[:, -2:].clip(1e-30))
+    near_tie = top_two[:, 1] - top_two[:, 0] < NEAR_TIE
+    differing = device != reference
+    assert differing.sum() <= 0.05 * IMAGES, f"{differing.sum()} of {IMAGES} predictions differ"
+    assert not (differing & ~near_tie).any(), f"images {np.flatnonzero(differing & ~near_tie)} differ clearly"

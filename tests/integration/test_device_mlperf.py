@@ -10,6 +10,8 @@ bit-exactness is a property of the arithmetic, not of the data; shared/models/ml
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +20,7 @@ from ai_edge_litert.interpreter import Interpreter, OpResolverType
 
 from resnet8ptq.backends.tflite.integer import integer_model
 from resnet8ptq.device.executor import execute
+from resnet8ptq.device.graph import IntegerModel
 
 MODELS = {
     "vww": ("visual_wake_words/vww_96_int8.tflite", {"DEPTHWISE_CONV_2D": 13}),
@@ -55,8 +58,13 @@ def test_the_integer_device_is_litert_reference_kernels(name: str, assets_dir: P
     dense = sum(conv.dense for conv in integer.convs)
     assert {"DEPTHWISE_CONV_2D": depthwise, "FULLY_CONNECTED": dense}.items() >= kinds.items()
 
-    interpreter = Interpreter(model_path=str(path))
-    detail = interpreter.get_input_details()[0]
+    assert_bit_exact(path, integer)
+
+
+def assert_bit_exact(path: Path, integer: IntegerModel) -> None:
+    """Every layer's output of ``integer`` (read from the int8 .tflite at ``path``) on :data:`INPUTS`
+    generated int8 inputs equals LiteRT's reference kernels'."""
+    detail = Interpreter(model_path=str(path)).get_input_details()[0]
     scale, zero_point = detail["quantization"]
     assert detail["dtype"] == np.int8
     rng = np.random.default_rng(73)
@@ -71,5 +79,26 @@ def test_the_integer_device_is_litert_reference_kernels(name: str, assets_dir: P
         ours = trace.outputs[tensor].numpy().reshape(reference[tensor].shape)
         if not np.array_equal(ours, reference[tensor]):
             differing[tensor] = int((ours != reference[tensor]).sum())
-    assert not differing, f"{name}: outputs differing from LiteRT's reference kernels, by tensor: {differing}"
+    assert not differing, f"{path.name}: outputs differing from LiteRT's reference kernels: {differing}"
     assert len(np.unique(reference[integer.output])) > 1, "constant logits: nothing was compared"
+
+
+def test_relu6_max_pooling_and_depthwise_from_tflites_converter(tmp_path: Path) -> None:
+    """A seeded Keras network converted to int8 by TFLite's converter (keras_int8_child.py): a conv with
+    ReLU6, a 3x3 stride-2 max pool with SAME padding (one padded row and column, after), a depthwise conv with
+    ReLU6, then the layers ResNet8 has; bit for bit as LiteRT's reference kernels. (The converter calibrates
+    a ReLU6 output to at most 6, so its clamp is the type's top here; tests/unit/test_device.py checks a
+    ReLU6 clamp below it.)"""
+    path = tmp_path / "network.tflite"
+    child = Path(__file__).with_name("keras_int8_child.py")
+    done = subprocess.run(
+        [sys.executable, str(child), str(path)], capture_output=True, text=True, timeout=600, check=False
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    integer = integer_model(path)
+    kinds = [type(layer).__name__ for layer in integer.layers]
+    assert kinds == ["Conv", "MaxPool", "Conv", "Conv", "AveragePool", "Conv"]
+    pool = integer.layers[1]
+    assert pool.padding == (0, 1, 0, 1) and pool.kernel == (3, 3) and pool.stride == (2, 2)
+    assert integer.layers[2].depthwise
+    assert_bit_exact(path, integer)

@@ -20,7 +20,13 @@ from resnet8ptq.device.graph import IntegerModel
 from resnet8ptq.device.qdq import QdqLayer, lower, quant
 from resnet8ptq.model import layer_name
 
-LAYER_OPS = {"Conv": "conv", "Gemm": "dense", "Add": "add", "AveragePool": "average_pool"}
+LAYER_OPS = {
+    "Conv": "conv",
+    "Gemm": "dense",
+    "Add": "add",
+    "AveragePool": "average_pool",
+    "MaxPool": "max_pool",
+}
 PASS_THROUGH = {"Transpose", "Reshape", "Flatten", "Relu"}
 AFTER_LOGITS = {"Softmax"}
 TYPE_NAMES = {onnx.TensorProto.INT8: "int8", onnx.TensorProto.UINT8: "uint8"}
@@ -122,6 +128,14 @@ def integer_model(path: Path) -> IntegerModel:
                     layer.bias, layer.bias_is_float = constants[bias], True
         elif node.op_type == "Add":
             layer.inputs = [quantized_input(name) for name in node.input]
+        elif node.op_type == "MaxPool":
+            if attributes.get("ceil_mode", 0) or set(attributes.get("dilations", [1, 1])) != {1}:
+                raise ValueError(f"{layer.name}: MaxPool with ceil_mode or dilations is not covered.")
+            layer.inputs = [quantized_input(node.input[0])]
+            layer.kernel = tuple(attributes["kernel_shape"])
+            layer.stride = tuple(attributes.get("strides", [1, 1]))
+            pads = attributes.get("pads", [0, 0, 0, 0])  # top, left, bottom, right
+            layer.padding = (pads[0], pads[2], pads[1], pads[3])
         else:  # AveragePool over the whole input
             layer.inputs = [quantized_input(node.input[0])]
             windows[layer.name] = int(np.prod(attributes["kernel_shape"]))

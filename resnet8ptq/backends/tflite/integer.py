@@ -24,6 +24,7 @@ from resnet8ptq.device.graph import (
     Conv,
     IntegerModel,
     Layer,
+    MaxPool,
     Quant,
     conv_requantization,
     integer_add,
@@ -170,6 +171,25 @@ def average_pool(model: TFLiteModel, inputs: list[int], output: int, options: ob
     return AveragePool(tflite_layer_name(model, output), str(inputs[0]), str(output), q_in, q_out, True)
 
 
+def max_pool(model: TFLiteModel, inputs: list[int], output: int, options: object) -> MaxPool:
+    """MAX_POOL_2D: TFLite's int8 kernel needs equal input and output quantization; SAME padding's
+    positions are left out of the window (``ComputePaddingHeightWidth``'s padding, never the maximum)."""
+    x, y = model.tensors[inputs[0]], model.tensors[output]
+    q_in, q_out = quant(x), quant(y)
+    if (q_in.scale, q_in.zero_point) != (q_out.scale, q_out.zero_point):
+        raise NotInteger(f"{y.name}: TFLite's int8 MAX_POOL_2D needs equal input and output quantization.")
+    kernel, stride = (options.filterHeight, options.filterWidth), (options.strideH, options.strideW)
+    padding = (0, 0, 0, 0)
+    if options.padding == schema.Padding.SAME:
+        padding = (
+            *same_padding(x.shape[1], kernel[0], stride[0]),
+            *same_padding(x.shape[2], kernel[1], stride[1]),
+        )
+    low, high = activation_range(options, "MAX_POOL_2D", q_out)
+    name = tflite_layer_name(model, output)
+    return MaxPool(name, str(inputs[0]), str(output), q_out, kernel, stride, padding, low, high)
+
+
 def integer_model(path: Path) -> IntegerModel:
     """The integer description of the fully-integer .tflite file at ``path`` (int8 activations)."""
     model = read(path)
@@ -186,6 +206,8 @@ def integer_model(path: Path) -> IntegerModel:
             layers.append(add(model, inputs, outputs[0], options))
         elif op == "AVERAGE_POOL_2D":
             layers.append(average_pool(model, inputs, outputs[0], options))
+        elif op == "MAX_POOL_2D":
+            layers.append(max_pool(model, inputs, outputs[0], options))
         elif op in PASS_THROUGH:
             alias[outputs[0]] = inputs[0]
         elif op in AFTER_LOGITS or all(model.tensors[i].dtype == "int32" for i in outputs):

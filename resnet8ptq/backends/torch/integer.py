@@ -23,6 +23,9 @@ from resnet8ptq.device.graph import IntegerModel, Quant
 from resnet8ptq.device.qdq import QdqLayer, lower
 
 AFTER_LOGITS = {"softmax"}
+LAYER_TARGETS = {"conv2d", "linear", "add", "avg_pool2d", "max_pool2d"}
+NO_ARITHMETIC = {"pad", "relu", "permute", "reshape", "view", "flatten", "contiguous", "clone", "dropout"}
+"""Ops read as part of a layer or carrying no arithmetic; any other op of the program is refused by name."""
 
 
 def _target(node: fx.Node) -> str:
@@ -142,8 +145,28 @@ def integer_model(path: Path) -> IntegerModel:
             windows = int(np.prod(node.args[1]))
             layers.append(layer)
             pool_windows[layer.name] = windows
+        elif target == "max_pool2d":
+            args = list(node.args) + [None] * 6
+            kernel = tuple(args[1])
+            stride, pool_padding, dilation, ceil_mode = (
+                tuple(args[2] or kernel),
+                args[3] or [0, 0],
+                args[4],
+                args[5],
+            )
+            if dilation not in (None, 1, [1, 1]) or ceil_mode:
+                raise ValueError(f"{node.name}: max_pool2d with dilation or ceil_mode is not covered.")
+            ph, pw = pool_padding
+            name, relu, _ = output_of(node)
+            layer = QdqLayer("max_pool", node.name, [quantized(node.args[0])], name, relu=relu)
+            layer.kernel, layer.stride, layer.padding = kernel, stride, (ph, ph, pw, pw)
+            layers.append(layer)
         elif target in AFTER_LOGITS:
             break
+        elif node.op == "call_function" and not op and target not in NO_ARITHMETIC | LAYER_TARGETS:
+            raise ValueError(
+                f"{Path(path).name}: op {target} ({node.name}) is not covered by the integer executor."
+            )
     if not input_name:
         raise ValueError(f"{Path(path).name}: no quantized model input found.")
     if layers and not layers[-1].output:  # the logits left in float (no quantize before the softmax)
