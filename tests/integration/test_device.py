@@ -13,17 +13,16 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from ai_edge_litert.interpreter import Interpreter, OpResolverType
 from mlflow.entities import Run
 
 from resnet8ptq.backends.tflite.integer import integer_model
-from resnet8ptq.backends.tflite.litert_runner import quantize
 from resnet8ptq.data import Cifar10, to_model_input
 from resnet8ptq.device.executor import execute
 from resnet8ptq.hardware import Hardware
 from tests.integration import pinned
 from tests.integration.conftest import Sweeps
 from tests.integration.export_reader import rebuild
+from tests.integration.litert_reference import reference_layers
 
 pytestmark = [pytest.mark.device, pytest.mark.slow]
 
@@ -108,24 +107,6 @@ def test_device_predictions_are_the_reference_kernels(sweeps: Sweeps, tmp_path: 
     )
     assert len(table) == 10_000
     assert (table["device"] == table["reference"]).all()
-
-
-def reference_layers(path: Path, images: np.ndarray, outputs: list[str]) -> dict[str, np.ndarray]:
-    """Every listed tensor of a .tflite model on LiteRT's reference kernels (NCHW for 4-D tensors)."""
-    interpreter = Interpreter(
-        model_path=str(path),
-        experimental_op_resolver_type=OpResolverType.BUILTIN_REF,
-        experimental_preserve_all_tensors=True,
-    )
-    detail = interpreter.get_input_details()[0]
-    interpreter.resize_tensor_input(detail["index"], images.shape)
-    interpreter.allocate_tensors()
-    if detail["dtype"] != np.float32:
-        images = quantize(images, *detail["quantization"], detail["dtype"])
-    interpreter.set_tensor(detail["index"], images)
-    interpreter.invoke()
-    tensors = {name: interpreter.get_tensor(int(name)) for name in outputs}
-    return {name: t.transpose(0, 3, 1, 2) if t.ndim == 4 else t for name, t in tensors.items()}
 
 
 @pytest.mark.parametrize("model", ["sweep", "mlperf"])

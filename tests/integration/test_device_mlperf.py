@@ -16,11 +16,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from ai_edge_litert.interpreter import Interpreter, OpResolverType
+from ai_edge_litert.interpreter import Interpreter
 
 from resnet8ptq.backends.tflite.integer import integer_model
 from resnet8ptq.device.executor import execute
 from resnet8ptq.device.graph import IntegerModel
+from tests.integration.litert_reference import reference_layers
 
 MODELS = {
     "vww": ("visual_wake_words/vww_96_int8.tflite", {"DEPTHWISE_CONV_2D": 13}),
@@ -29,23 +30,6 @@ MODELS = {
 }
 """Each model's file under models/mlperf_tiny/ and the layers of the kind ResNet8 lacks that it must hold."""
 INPUTS = 200
-
-
-def reference_layers(path: Path, inputs: np.ndarray, tensors: list[str]) -> dict[str, np.ndarray]:
-    """The listed tensors of the int8 .tflite model on LiteRT's reference kernels for int8 ``inputs``
-    (NCHW for 4-D tensors)."""
-    interpreter = Interpreter(
-        model_path=str(path),
-        experimental_op_resolver_type=OpResolverType.BUILTIN_REF,
-        experimental_preserve_all_tensors=True,
-    )
-    detail = interpreter.get_input_details()[0]
-    interpreter.resize_tensor_input(detail["index"], inputs.shape)
-    interpreter.allocate_tensors()
-    interpreter.set_tensor(detail["index"], inputs)
-    interpreter.invoke()
-    values = {name: interpreter.get_tensor(int(name)) for name in tensors}
-    return {name: v.transpose(0, 3, 1, 2) if v.ndim == 4 else v for name, v in values.items()}
 
 
 @pytest.mark.parametrize("name", list(MODELS))
@@ -73,7 +57,7 @@ def assert_bit_exact(path: Path, integer: IntegerModel) -> None:
     real = (inputs.astype(np.float32) - np.float32(zero_point)) * np.float32(scale)
     _, trace = execute(integer, real, batch_size=INPUTS, trace_images=INPUTS)
     layers = [integer.input, *(layer.output for layer in integer.layers)]
-    reference = reference_layers(path, inputs, layers)
+    reference = reference_layers(path, real, layers)
     differing = {}
     for tensor in layers:
         ours = trace.outputs[tensor].numpy().reshape(reference[tensor].shape)
