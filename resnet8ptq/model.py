@@ -127,6 +127,26 @@ def canonical_onnx(h5: Path, h5_sha256: str, cache_dir: Path) -> CanonicalModel:
     return CanonicalModel(target, h5, h5_sha256, converted_now=True)
 
 
+def check_input(canonical: CanonicalModel, images_shape: tuple[int, ...]) -> None:
+    """Refuse, naming both shapes, a model whose input does not take the data's images (``images_shape``:
+    theirs, N first), before a backend runs it."""
+    import onnx
+
+    graph_input = onnx.load(canonical.onnx_path, load_external_data=False).graph.input[0]
+    dims = [d.dim_value if d.HasField("dim_value") else None for d in graph_input.type.tensor_type.shape.dim]
+    expected = tuple(images_shape[1:])
+    fits = len(dims) == len(expected) + 1 and all(
+        d in (None, e) for d, e in zip(dims[1:], expected, strict=True)
+    )
+    if not fits:
+        shape = ", ".join(["N", *("?" if d is None else str(d) for d in dims[1:])])
+        raise ModelError(
+            f"{canonical.h5_path}: the model takes inputs of shape ({shape}), the data's images are "
+            f"(N, {', '.join(map(str, expected))}) (CIFAR-10, NHWC, raw 0-255 pixels); the tool evaluates "
+            "on CIFAR-10 only so far, so a model for other data cannot run."
+        )
+
+
 def _keras_to_onnx(h5: Path, out: Path) -> None:
     """tf2onnx conversion in a child process (:func:`tensorflow_child`)."""
     failure = tensorflow_child("resnet8ptq.model", str(h5), str(out))

@@ -12,7 +12,7 @@ from resnet8ptq.data import Cifar10
 from resnet8ptq.evaluate import Baseline, Kept, evaluate_baseline
 from resnet8ptq.evaluation_cache import EvaluationCache
 from resnet8ptq.inputs import RunInputs, test_set
-from resnet8ptq.model import CanonicalModel
+from resnet8ptq.model import CanonicalModel, check_input
 from resnet8ptq.records import RunContext, model_record
 from resnet8ptq.resolve import fp32_model
 from resnet8ptq.shared import Shared
@@ -41,6 +41,7 @@ class Fp32Stage(Stage):
         plan, shared = record.plan, record.shared
         cfg, backend = plan.cfg, plan.backend
         canonical = fp32_model(cfg.model.path, cfg.model.sha256, Path(cfg.cache_dir))
+        check_input(canonical, inputs.test_images.shape)
         source = source_path(backend, canonical, canonical.onnx_path)
         drawing.wait_started()  # its start-up over before anything is timed
         kept = EvaluationCache.of(backend, Path(cfg.cache_dir), inputs.test_set_digest).measured

@@ -221,18 +221,25 @@ def bad_model(tmp_path: Path, assets_dir: Path, case: str) -> tuple[list[str], s
     if case == "wrong sha256":
         h5.write_bytes(flip_byte((assets_dir / "models" / MODEL_FILENAME).read_bytes(), at=50_000))
         return [f"model.path={h5}"], f"does not match the expected {MODEL_SHA256}"
+    if case == "other input":  # MLPerf Tiny's anomaly detection autoencoder: 640-value vectors
+        shutil.copy(assets_dir / "models" / "mlperf_tiny" / "anomaly_detection" / "ad01.h5", h5)
+        message = f"{h5}: the model takes inputs of shape (N, 640), the data's images are (N, 32, 32, 3)"
+        return [f"model.path={h5}", "model.sha256=null"], message
     h5.write_text("not a model\n")
     return [f"model.path={h5}", "model.sha256=null"], f"{h5} is not an HDF5 file"
 
 
-@pytest.mark.parametrize("case", ["missing", "wrong sha256", "not HDF5"])
+@pytest.mark.parametrize("case", ["missing", "wrong sha256", "not HDF5", "other input"])
 def test_bad_model(run_cli, workdir: Path, assets_dir: Path, case: str) -> None:
     overrides, message = bad_model(workdir, assets_dir, case)
     cache = workdir / "cache"
     runs = failed_cleanly(run_cli(workdir, *overrides, f"cache_dir={cache}"), workdir, message)
     assert_recorded(runs, message)
-    # Nothing converted, nothing cached but the (good) CIFAR-10 files' checksums, read before the model.
-    assert sorted(p.name for p in cache.rglob("*")) in ([], [MD5_CACHE])
+    cached = sorted(p.name for p in cache.rglob("*") if p.suffix != ".onnx" and p.name != "onnx")
+    # Nothing cached but the (good) CIFAR-10 files' checksums, read before the model, and for a model of
+    # other inputs its (complete) conversion, which showed what it takes.
+    assert cached in ([], [MD5_CACHE])
+    assert not list(cache.rglob("*.onnx")) or case == "other input"
 
 
 # --- the output directory ----------------------------------------------------------------------------------
