@@ -11,7 +11,8 @@ SHA-256 over a canonical form that leaves out what does not change the model's m
   PT2, the archive's entries in name order with the archive's folder name stripped and without
   ``.data/serialization_id`` (random per save), contents only (no ZIP timestamps);
 * **integer form**: every layer's integer parameters (:class:`~resnet8ptq.device.graph.IntegerModel`: weights,
-  biases, multipliers, shifts, zero points, scales), as :func:`integer_digest` walks them;
+  biases, multipliers, shifts, zero points, scales), as :func:`integer_digest` walks them (a field added
+  later, :data:`LATER_FIELDS`, only where it differs from what earlier models had);
 * **predictions**: the 10,000 predicted labels as little-endian int16.
 """
 
@@ -35,6 +36,12 @@ LENGTH = 16
 """Hex digits kept of each SHA-256."""
 RANDOM_PT2_ENTRIES = (".data/serialization_id",)
 """Entries of a PT2 archive that change on every save of the same program."""
+
+
+LATER_FIELDS = {"groups": 1}
+"""Fields the integer form gained after its digests were pinned, with the value every earlier model has:
+left out of the digest at that value, so that a model's digest does not move because the form grew (a
+convolution of one group is what every layer was before grouped convolutions)."""
 
 
 def _hex(digest: hashlib._Hash) -> str:
@@ -145,7 +152,8 @@ def _feed(digest: hashlib._Hash, value: Any) -> None:
     elif isinstance(value, float):
         digest.update(value.hex().encode())
     elif dataclasses.is_dataclass(value) and not isinstance(value, type):
-        _feed(digest, dataclasses.asdict(value))
+        fields = dataclasses.asdict(value)
+        _feed(digest, {k: v for k, v in fields.items() if not (k in LATER_FIELDS and v == LATER_FIELDS[k])})
     else:
         digest.update(repr(value).encode())
     digest.update(b";")

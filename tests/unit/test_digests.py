@@ -12,6 +12,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from resnet8ptq import digests
 from resnet8ptq.digests import (
     integer_digest,
     model_digest,
@@ -126,6 +127,29 @@ def test_integer_digest_sees_one_weight_and_not_the_notes() -> None:
     layer.weight[0, 0, 0, 0] -= 1
     layer.multiplier[0] += 1
     assert integer_digest(model) != original
+
+
+def test_integer_digest_sees_groups_but_not_the_one_group_every_earlier_layer_had() -> None:
+    """A grouped convolution digests otherwise; one group is left out (LATER_FIELDS), so that the digests
+    pinned before layers had groups hold."""
+    import dataclasses
+    import hashlib
+
+    from resnet8ptq.device.graph import IntegerModel
+
+    layer = conv_layer(np.random.default_rng(3))
+    model = IntegerModel("onnx-qdq", "x", layer.input_quant, "half_to_even", [layer])
+    grouped = IntegerModel(
+        "onnx-qdq", "x", layer.input_quant, "half_to_even", [dataclasses.replace(layer, groups=2)]
+    )
+    assert integer_digest(grouped) != integer_digest(model)
+    fields = {k: v for k, v in dataclasses.asdict(layer).items() if k != "groups"}
+    without = hashlib.sha256()
+    digests._feed(without, fields)
+    without.update(b";")  # a dataclass is fed as its fields' mapping, then closed like any value
+    within = hashlib.sha256()
+    digests._feed(within, layer)
+    assert within.hexdigest() == without.hexdigest()
 
 
 def test_a_run_digest_names_what_it_digested(tmp_path: Path) -> None:
