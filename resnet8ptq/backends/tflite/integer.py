@@ -117,6 +117,7 @@ def conv(model: TFLiteModel, op: str, inputs: list[int], output: int, options: o
     bias = (
         b.values.astype(np.int32) if b is not None and b.values is not None else np.zeros(channels, np.int32)
     )
+    clamp = activation_range(options, op, q_out)
     return Conv(
         name=tflite_layer_name(model, output),
         input=str(inputs[0]),
@@ -131,8 +132,8 @@ def conv(model: TFLiteModel, op: str, inputs: list[int], output: int, options: o
         output_quant=q_out,
         multiplier=multiplier,
         shift=shift,
-        act_min=activation_range(options, op, q_out)[0],
-        act_max=activation_range(options, op, q_out)[1],
+        act_min=clamp[0],
+        act_max=clamp[1],
         dense=dense,
         rounding="single" if dense else "double",  # as LiteRT's reference kernels round (checked in tests)
         groups=groups,
@@ -142,9 +143,10 @@ def conv(model: TFLiteModel, op: str, inputs: list[int], output: int, options: o
 def add(model: TFLiteModel, inputs: list[int], output: int, options: object) -> Add:
     quants = (quant(model.tensors[inputs[0]]), quant(model.tensors[inputs[1]]))
     q_out = quant(model.tensors[output])
-    if activation_range(options, "ADD", q_out)[1] != q_out.qmax:
+    low, high = activation_range(options, "ADD", q_out)
+    if high != q_out.qmax:
         raise NotInteger(f"{model.tensors[output].name}: ADD with a fused ReLU6 is not covered.")
-    relu = activation_range(options, "ADD", q_out)[0] != q_out.qmin
+    relu = low != q_out.qmin
     return integer_add(
         tflite_layer_name(model, output),
         (str(inputs[0]), str(inputs[1])),
