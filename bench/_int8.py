@@ -17,7 +17,7 @@ from resnet8ptq.backends.onnx.backend import OnnxRuntimeBackend  # noqa: E402
 from resnet8ptq.calibration import CalibConfig  # noqa: E402
 from resnet8ptq.data import calibration_set, load_cifar10, to_model_input  # noqa: E402
 from resnet8ptq.dtype import DtypeConfig  # noqa: E402
-from resnet8ptq.model import MODEL_SHA256, CanonicalModel, canonical_onnx, resolve_h5  # noqa: E402
+from resnet8ptq.model import MODEL_SHA256, CanonicalModel, canonical_onnx, resolve_source  # noqa: E402
 from resnet8ptq.spec import QuantSpec  # noqa: E402
 
 
@@ -42,7 +42,7 @@ def inputs() -> Inputs:
 def canonical_model(cache: Path) -> CanonicalModel:
     """MLPerf Tiny's ResNet8 as the canonical FP32 ONNX model, converted into ``cache``."""
     assets = Path(os.environ.get("RESNET8PTQ_ASSETS", REPO.parent / "shared"))
-    h5, sha256 = resolve_h5(assets / "models" / "pretrainedResnet.h5", MODEL_SHA256, cache)
+    h5, sha256 = resolve_source(assets / "models" / "pretrainedResnet.h5", MODEL_SHA256, cache)
     return canonical_onnx(h5, sha256, cache)
 
 

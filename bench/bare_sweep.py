@@ -30,7 +30,7 @@ from resnet8ptq.data import MD5_CACHE, calibration_set, load_cifar10, to_model_i
 from resnet8ptq.dtype import DtypeConfig  # noqa: E402
 from resnet8ptq.evaluate import evaluate_baseline  # noqa: E402
 from resnet8ptq.execution import evaluate_quantized  # noqa: E402
-from resnet8ptq.model import MODEL_SHA256, canonical_onnx, resolve_h5  # noqa: E402
+from resnet8ptq.model import MODEL_SHA256, canonical_onnx, resolve_source  # noqa: E402
 from resnet8ptq.spec import QuantSpec  # noqa: E402
 
 DEFAULTS = {"backend": "onnx", "dtype": "int8", "calib": "minmax", "per_channel": "false"}
@@ -52,7 +52,7 @@ def main(argv: list[str]) -> None:
     ]
     assets = Path(os.environ.get("RESNET8PTQ_ASSETS", REPO.parent / "shared"))
     cache = Path(os.environ.get("RESNET8PTQ_CACHE", Path.home() / ".cache" / "resnet8ptq"))
-    h5, sha256 = resolve_h5(assets / "models" / "pretrainedResnet.h5", MODEL_SHA256, cache)
+    h5, sha256 = resolve_source(assets / "models" / "pretrainedResnet.h5", MODEL_SHA256, cache)
     onnx_path = canonical_onnx(h5, sha256, cache).onnx_path
     data = load_cifar10(assets, download=False, md5_cache=cache / MD5_CACHE)  # as the tool reads it
     calibration, _ = calibration_set(data, 100, 42)

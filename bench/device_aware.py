@@ -26,7 +26,7 @@ from resnet8ptq.dtype import DtypeConfig  # noqa: E402
 from resnet8ptq.fetch import ASSETS_ENV  # noqa: E402
 from resnet8ptq.hardware import detect  # noqa: E402
 from resnet8ptq.memory import keep_freed_memory  # noqa: E402
-from resnet8ptq.model import MODEL_FILENAME, MODEL_SHA256, canonical_onnx, resolve_h5  # noqa: E402
+from resnet8ptq.model import MODEL_FILENAME, MODEL_SHA256, canonical_onnx, resolve_source  # noqa: E402
 from resnet8ptq.spec import QuantSpec  # noqa: E402
 
 
@@ -47,7 +47,7 @@ def main() -> None:
     assets = Path(os.environ.get(ASSETS_ENV, REPO.parent / "shared"))
     with tempfile.TemporaryDirectory() as scratch:
         work = Path(scratch)
-        h5, sha256 = resolve_h5(assets / "models" / MODEL_FILENAME, MODEL_SHA256, work)
+        h5, sha256 = resolve_source(assets / "models" / MODEL_FILENAME, MODEL_SHA256, work)
         model = canonical_onnx(h5, sha256, work)
         images, _ = calibration_set(load_cifar10(assets, download=False), 100, 42)
         spec = QuantSpec(DtypeConfig("int8", "int8"), CalibConfig("minmax"), per_channel=True)

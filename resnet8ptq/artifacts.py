@@ -4,13 +4,12 @@ chart's file is being drawn in the drawing process (:mod:`resnet8ptq.drawing`) w
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
-from resnet8ptq.data import CLASS_NAMES
 from resnet8ptq.drawing import Drawing, draw
 from resnet8ptq.evaluate import Evaluation
 from resnet8ptq.plots import class_accuracy_png, confusion_matrix_png, layer_sqnr_png
@@ -24,20 +23,24 @@ Artifact = tuple[str, Path | Drawing]
 
 
 def evaluation_files(
-    evaluation: Evaluation, out_dir: Path, title: str, baseline: Evaluation | None = None
+    evaluation: Evaluation,
+    out_dir: Path,
+    title: str,
+    class_names: Sequence[str],
+    baseline: Evaluation | None = None,
 ) -> list[Artifact]:
-    """Write the predictions, confusion matrix and per-class accuracy (CSV + PNG) into out_dir; return
-    (artifact dir, file) pairs."""
+    """Write the predictions, confusion matrix and per-class accuracy (CSV + PNG) into out_dir, the classes
+    named ``class_names``; return (artifact dir, file) pairs."""
     out_dir.mkdir(parents=True, exist_ok=True)
     predictions = out_dir / PREDICTIONS_FILE
     pd.DataFrame({"label": evaluation.labels, "predicted": evaluation.predictions}).rename_axis(
         "image"
     ).to_csv(predictions)
     confusion_csv = out_dir / "confusion_matrix.csv"
-    pd.DataFrame(evaluation.confusion, index=CLASS_NAMES, columns=CLASS_NAMES).rename_axis(
+    pd.DataFrame(evaluation.confusion, index=class_names, columns=class_names).rename_axis(
         "true \\ predicted"
     ).to_csv(confusion_csv)
-    per_class = pd.DataFrame({"class": CLASS_NAMES, "accuracy": evaluation.class_accuracy})
+    per_class = pd.DataFrame({"class": class_names, "accuracy": evaluation.class_accuracy})
     if baseline is not None:
         per_class["fp32_accuracy"] = baseline.class_accuracy
         per_class["delta"] = per_class["accuracy"] - per_class["fp32_accuracy"]
@@ -52,7 +55,7 @@ def evaluation_files(
             draw(
                 confusion_matrix_png,
                 evaluation.confusion,
-                CLASS_NAMES,
+                class_names,
                 out_dir / "confusion_matrix.png",
                 f"{title}: confusion matrix",
             ),
@@ -63,7 +66,7 @@ def evaluation_files(
             draw(
                 class_accuracy_png,
                 evaluation.class_accuracy,
-                CLASS_NAMES,
+                class_names,
                 out_dir / "class_accuracy.png",
                 f"{title}: per-class accuracy",
                 reference,

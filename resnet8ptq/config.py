@@ -21,12 +21,13 @@ import resnet8ptq.backends
 from resnet8ptq.algorithms import AlgoConfig
 from resnet8ptq.calibration import CalibConfig
 from resnet8ptq.components.config import ComponentsConfig, uncovered
+from resnet8ptq.data import CLASS_NAMES
 from resnet8ptq.device.config import DeviceConfig, check_learnable
 from resnet8ptq.dtype import DtypeConfig
 from resnet8ptq.errors import ConfigError
 from resnet8ptq.fetch import ASSETS_ENV
 from resnet8ptq.mcu.config import McuConfig
-from resnet8ptq.model import MODEL_SHA256
+from resnet8ptq.model import MODEL_FILENAME, MODEL_SHA256, MODEL_URL
 from resnet8ptq.search.objectives import SearchConfig
 from resnet8ptq.search.target import TargetConfig
 from resnet8ptq.spec import QuantSpec
@@ -34,19 +35,33 @@ from resnet8ptq.spec import QuantSpec
 
 @dataclass
 class DataConfig:
-    """``root``: the directory holding ``cifar-10-batches-bin/`` (or ``-py/``), downloaded there when absent;
-    $RESNET8PTQ_ASSETS points at an existing copy (which also holds ``models/pretrainedResnet.h5``)."""
+    """The data a run calibrates and evaluates on (`data` group, conf/data/; :mod:`resnet8ptq.datasets`).
+    ``cifar10``: ``root`` holds ``cifar-10-batches-bin/`` (or ``-py/``), downloaded there when absent
+    ($RESNET8PTQ_ASSETS points at an existing copy). ``npz``: a user's arrays in one ``.npz`` file (``path``;
+    its keys in docs/usage.md)."""
 
-    root: str = f"${{oc.env:{ASSETS_ENV},data}}"
+    name: str = "cifar10"  # cifar10 | npz
+    root: str = f"${{oc.env:{ASSETS_ENV},data}}"  # cifar10: holds cifar-10-batches-bin/ (downloaded there)
     download: bool = True  # fetch CIFAR-10 (checksummed) where root lacks it; false: an error instead
-    calib_per_class: int = 100  # calibration images per class, drawn from the TRAINING split
+    calib_per_class: int = 100  # calibration images per class, drawn from the TRAINING split (cifar10)
     seed: int = 42  # the calibration sample's draw (and AdaRound's batches)
+    path: str | None = None  # npz: the arrays' file
 
 
 @dataclass
 class ModelConfig:
-    path: str | None = None  # Keras .h5; null: $RESNET8PTQ_ASSETS/models/pretrainedResnet.h5 or a download
-    sha256: str | None = MODEL_SHA256  # MLPerf Tiny's pretrainedResnet.h5; null accepts any model
+    """The network (`model` group, conf/model/): its file, where it is published, its classes and MLPerf
+    Tiny's quality target. ``model=custom model.path=FILE`` takes a user's own
+    (:mod:`resnet8ptq.model_formats`)."""
+
+    name: str = "resnet8"  # names the canonical model in the cache and the runs (tag `model`)
+    path: str | None = None  # the model file (.h5, .keras, float .tflite, .onnx); null: the published one
+    sha256: str | None = MODEL_SHA256  # the file's sha256 (MLPerf Tiny's pretrainedResnet.h5); null: any
+    asset: str | None = MODEL_FILENAME  # the published file under $RESNET8PTQ_ASSETS/models/ and the cache's
+    url: str | None = MODEL_URL  # where the published file is downloaded from when no copy is found
+    classes: list[str] = field(default_factory=lambda: list(CLASS_NAMES))  # label order; []: the data's
+    quality_target: float | None = 0.85  # MLPerf Tiny's closed-division target (top-1 as a fraction)
+    published_reference: bool = True  # also evaluate MLPerf Tiny's own int8 model of it (TFLite backend)
 
 
 @dataclass
@@ -86,8 +101,8 @@ class Config:
     layer_analysis: bool = True  # per-layer SQNR of every quantized run (analysis/layer_sqnr.csv, sqnr_*)
     threads: int | None = None  # compute threads per run; null: the cores divided among parallel jobs
     rerun: bool = False  # run configurations that already have a FINISHED run with the same config_hash
-    data: DataConfig = field(default_factory=DataConfig)
-    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)  # the `data` group's choice: what it runs on
+    model: ModelConfig = field(default_factory=ModelConfig)  # the `model` group's choice: the network
     cache_dir: str = "${oc.env:RESNET8PTQ_CACHE,${oc.env:HOME}/.cache/resnet8ptq}"  # converted models
     mlflow: MlflowConfig = field(default_factory=MlflowConfig)
     report: ReportConfig = field(default_factory=ReportConfig)

@@ -24,9 +24,13 @@ class Evaluation:
 
     predictions: np.ndarray  # (N,) predicted labels
     labels: np.ndarray  # (N,) true labels
-    probabilities: np.ndarray  # (N, 10)
+    probabilities: np.ndarray  # (N, classes)
     eval_seconds: float  # the timed pass, after the warm-up batch
-    num_classes: int = 10
+
+    @property
+    def num_classes(self) -> int:
+        """The model's number of classes (its outputs)."""
+        return self.probabilities.shape[1]
 
     @property
     def correct(self) -> int:
@@ -51,13 +55,23 @@ class Evaluation:
 
     def subset_accuracy(self, indices: np.ndarray) -> float:
         """Top-1 accuracy on the images at ``indices`` (a fraction), from the same predictions."""
-        return float(np.mean(self.predictions[indices] == self.labels[indices]))
+        return subset_accuracy(self.predictions, self.labels, indices)
 
     @property
     def class_accuracy(self) -> np.ndarray:
-        """Accuracy of each class (fraction of that class's images predicted correctly)."""
+        """Accuracy of each class (fraction of that class's images predicted correctly; NaN for a class the
+        test set has no sample of)."""
         matrix = self.confusion
-        return np.diag(matrix) / matrix.sum(axis=1)
+        counts = matrix.sum(axis=1)
+        return np.divide(np.diag(matrix), counts, out=np.full(len(counts), np.nan), where=counts > 0)
+
+
+def subset_accuracy(predictions: np.ndarray, labels: np.ndarray, indices: np.ndarray) -> float:
+    """Top-1 accuracy on the samples at ``indices`` (a fraction); NaN for none (data without MLPerf Tiny's
+    performance subset)."""
+    if not len(indices):
+        return float("nan")
+    return float(np.mean(predictions[indices] == labels[indices]))
 
 
 def evaluate(

@@ -1,6 +1,6 @@
-"""What one run works on, made once per run from the process's shared data (:mod:`resnet8ptq.shared`):
-CIFAR-10 (verified), the test set as model input, the calibration sample, MLPerf Tiny's performance subset
-and the datasets the run logs."""
+"""What one run works on, made once per run from the process's shared data (:mod:`resnet8ptq.shared`): the
+`data` group's data set (:mod:`resnet8ptq.datasets`, CIFAR-10 verified), its test split and calibration
+sample as model input, MLPerf Tiny's performance subset and the datasets the run logs."""
 
 from __future__ import annotations
 
@@ -11,29 +11,34 @@ import numpy as np
 from mlflow.data.numpy_dataset import NumpyDataset
 from omegaconf import DictConfig
 
-from resnet8ptq.data import (
-    BINARY_DIR,
-    MD5_CACHE,
-    PYTHON_DIR,
-    Cifar10,
-    calibration_indices,
-    calibration_set,
-    load_cifar10,
-    to_model_input,
-)
-from resnet8ptq.mlperf import perf_subset_indices
+from resnet8ptq.datasets import Dataset, load_cifar10_dataset, load_npz
+from resnet8ptq.errors import ConfigError
 from resnet8ptq.shared import Shared
 from resnet8ptq.tracking.models import content_digest, numpy_dataset
 
 
-def load_dataset(shared: Shared, root: str, download: bool, cache_dir: str) -> Cifar10:
-    """CIFAR-10, verified and read once per ``shared`` (a multirun reuses it); the files' MD5s are kept in
-    the cache directory until a file changes."""
-    return shared.get(
-        "dataset",
-        (root, download, cache_dir),
-        lambda: load_cifar10(Path(root), download=download, md5_cache=Path(cache_dir) / MD5_CACHE),
-    )
+def load_dataset(shared: Shared, data: DictConfig, cache_dir: str) -> Dataset:
+    """The `data` group's data set, read and checked once per ``shared`` (a multirun reuses it); CIFAR-10's
+    MD5s are kept in the cache directory until a file changes."""
+    if data.name == "cifar10":
+        from resnet8ptq.mlperf import perf_subset_indices
+
+        key = (data.root, data.download, cache_dir, data.calib_per_class, data.seed)
+        return shared.get(
+            "dataset",
+            key,
+            lambda: load_cifar10_dataset(
+                data.root,
+                data.download,
+                cache_dir,
+                data.calib_per_class,
+                data.seed,
+                lambda: perf_subset_indices(Path(cache_dir)),
+            ),
+        )
+    if data.name == "npz":
+        return shared.get("dataset", ("npz", data.path), lambda: load_npz(data.path))
+    raise ConfigError(f"data.name={data.name!r}: expected cifar10 or npz (conf/data/).")
 
 
 @dataclass(frozen=True)
@@ -47,63 +52,54 @@ class LoggedDatasets:
 
 @dataclass(frozen=True)
 class RunInputs:
-    """What one run works on (:func:`run_inputs`): CIFAR-10, the test set as model input with its labels, the
-    calibration sample (``per_class`` training images per class drawn with ``seed``), MLPerf Tiny's
-    performance subset of the test set, and the datasets the run logs."""
+    """What one run works on (:func:`run_inputs`): the data set, its test split as model input with its
+    labels, the calibration sample, MLPerf Tiny's performance subset of the test split (empty where it has
+    none), and the datasets the run logs."""
 
-    data: Cifar10
-    test_images: np.ndarray
-    test_labels: np.ndarray
-    calibration_images: np.ndarray
-    perf_subset: np.ndarray
+    dataset: Dataset
     datasets: LoggedDatasets
-    per_class: int
-    seed: int
+
+    @property
+    def test_images(self) -> np.ndarray:
+        """The test inputs, as the model takes them."""
+        return self.dataset.test_inputs
+
+    @property
+    def test_labels(self) -> np.ndarray:
+        return self.dataset.test_labels
+
+    @property
+    def calibration_images(self) -> np.ndarray:
+        """The calibration inputs, as the model takes them."""
+        return self.dataset.calibration_inputs
+
+    @property
+    def perf_subset(self) -> np.ndarray:
+        return self.dataset.perf_subset
 
     @property
     def test_set_digest(self) -> str:
-        """The content digest of the test images and labels, as the run logs its test-set dataset."""
+        """The content digest of the test inputs and labels, as the run logs its test-set dataset."""
         return self.datasets.fp32["evaluation"].digest
 
     def calibration_sample(self) -> dict[str, object]:
-        """Which training images the calibration sample is, for a hardware team's export (crossbar.json)."""
-        return {
-            "split": "CIFAR-10 training batches data_batch_1..5, concatenated in file order (50,000 images)",
-            "per_class": self.per_class,
-            "seed": self.seed,
-            "indices": calibration_indices(self.data.train_labels, self.per_class, self.seed).tolist(),
-            "images": "NHWC raw 0-255 pixels as the model takes them (no normalisation)",
-        }
+        """Which samples calibrate, for a hardware team's export (crossbar.json)."""
+        return dict(self.dataset.calibration_sample)
 
 
 def run_inputs(cfg: DictConfig, shared: Shared) -> RunInputs:
-    """The run's :class:`RunInputs`: verified CIFAR-10, the stratified calibration sample of the training
-    split, MLPerf Tiny's performance subset of the test split (the data, test set and datasets kept in
+    """The run's :class:`RunInputs`: the `data` group's data set and the datasets it logs (kept in
     ``shared``)."""
-    data = load_dataset(shared, cfg.data.root, cfg.data.download, cfg.cache_dir)
-    per_class, seed = cfg.data.calib_per_class, cfg.data.seed
-    test_images, test_labels = test_set(shared, data)
-    calibration_images, _ = calibration_set(data, per_class, seed)
-    datasets = shared.get(
-        "run_inputs", (data, per_class, seed), lambda: logged_datasets(shared, data, per_class, seed)
-    )
-    perf_subset = perf_subset_indices(Path(cfg.cache_dir))
-    return RunInputs(
-        data, test_images, test_labels, calibration_images, perf_subset, datasets, per_class, seed
-    )
+    dataset = load_dataset(shared, cfg.data, cfg.cache_dir)
+    return RunInputs(dataset, shared.get("run_inputs", (dataset,), lambda: logged_datasets(dataset)))
 
 
-def logged_datasets(shared: Shared, data: Cifar10, per_class: int, seed: int) -> LoggedDatasets:
+def logged_datasets(dataset: Dataset) -> LoggedDatasets:
     """The test set and the calibration sample as MLflow datasets (digests from their contents)."""
-    source = str(data.root / (BINARY_DIR if data.layout == "binary" else PYTHON_DIR))
-    images, labels = test_set(shared, data)
-    test = numpy_dataset("cifar10-test", images, labels, source, content_digest(images, labels))
-    images, labels = calibration_set(data, per_class, seed)
-    name = f"cifar10-train-calibration-{per_class}x10-seed{seed}"
-    calibration = numpy_dataset(name, images, labels, source, content_digest(images, labels))
+    source = str(dataset.source)
+    images, labels = dataset.test_inputs, dataset.test_labels
+    test = numpy_dataset(f"{dataset.name}-test", images, labels, source, content_digest(images, labels))
+    images, labels = dataset.calibration_inputs, dataset.calibration_labels
+    digest = content_digest(images) if labels is None else content_digest(images, labels)
+    calibration = numpy_dataset(dataset.calibration_name, images, labels, source, digest)
     return LoggedDatasets({"evaluation": test}, {"evaluation": test, "calibration": calibration})
-
-
-def test_set(shared: Shared, data: Cifar10) -> tuple[np.ndarray, np.ndarray]:
-    """All 10,000 test images as model input, with their labels (once per ``shared`` and dataset)."""
-    return shared.get("test_set", (data,), lambda: (to_model_input(data.test_images), data.test_labels))

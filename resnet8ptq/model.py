@@ -1,4 +1,5 @@
-"""The FP32 model: fetch the Keras .h5, convert it once to the canonical pre-processed ONNX (cached)."""
+"""The FP32 model: find or fetch the network's file (Keras, float .tflite or ONNX), convert it once to the
+canonical pre-processed ONNX (cached)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from pathlib import Path
 
 from resnet8ptq.errors import ModelError
 from resnet8ptq.fetch import ASSETS_ENV, FetchError, published_file, sha256_of
+from resnet8ptq.model_formats import load_keras, model_format
 
 log = logging.getLogger(__name__)
 
@@ -38,47 +40,59 @@ RECIPE_VERSION = 4
 
 @dataclass(frozen=True)
 class CanonicalModel:
-    """The pre-processed FP32 ONNX model that every backend starts from."""
+    """The pre-processed FP32 ONNX model that every backend starts from, and the file it was made from."""
 
     onnx_path: Path
-    h5_path: Path
-    h5_sha256: str
+    source_path: Path
+    source_sha256: str
     converted_now: bool
 
+    @property
+    def source_format(self) -> str:
+        """The source file's format (:data:`resnet8ptq.model_formats.FORMATS`)."""
+        return model_format(self.source_path)
 
-def resolve_h5(path: str | Path | None, sha256: str | None, cache_dir: Path) -> tuple[Path, str]:
-    """Locate the Keras model and check its sha256; download MLPerf Tiny's model when none is given.
 
-    Order: an explicit ``path``; ``$RESNET8PTQ_ASSETS/models/pretrainedResnet.h5``; the cache (downloading
-    it there when absent). Returns the path and its actual sha256.
+def resolve_source(
+    path: str | Path | None,
+    sha256: str | None,
+    cache_dir: Path,
+    asset: str | None = MODEL_FILENAME,
+    url: str | None = MODEL_URL,
+) -> tuple[Path, str]:
+    """Locate the model file and check its sha256 and format; download the published one when none is given.
+
+    Order: an explicit ``path``; ``$RESNET8PTQ_ASSETS/models/<asset>``; the cache (downloading ``url`` there
+    when absent; MLPerf Tiny's ResNet8 by default). Returns the path and its actual sha256.
     """
     if path is not None:
-        h5 = Path(path).expanduser().resolve()
-        if not h5.is_file():
-            raise ModelError(f"model.path={h5} does not exist. Point model.path at a Keras .h5 file.")
+        source = Path(path).expanduser().resolve()
+        if not source.exists():
+            raise ModelError(
+                f"model.path={source} does not exist. Point model.path at a Keras .h5/.keras file, a float "
+                ".tflite or an .onnx file."
+            )
+    elif asset is None or url is None or sha256 is None:
+        raise ModelError(
+            "model.path is null and the model has no published file (model.asset, model.url, "
+            "model.sha256): set model.path to the model's file."
+        )
     else:
         try:
-            h5 = published_file(MODEL_FILENAME, MODEL_URL, MODEL_SHA256, cache_dir, "MLPerf Tiny ResNet8")
+            source = published_file(asset, url, sha256, cache_dir, f"model {Path(asset).name}")
         except FetchError as err:
             raise ModelError(
-                f"{err}\nNo local model found: set model.path to a Keras .h5 file, or set "
-                f"{ASSETS_ENV} to a directory holding models/{MODEL_FILENAME}."
+                f"{err}\nNo local model found: set model.path to the model's file, or set "
+                f"{ASSETS_ENV} to a directory holding models/{asset}."
             ) from err
-    actual = sha256_of(h5)
+    model_format(source)  # a directory, an unknown suffix or a mismatched file fails here
+    actual = sha256_of(source)
     if sha256 is not None and actual != sha256:
         raise ModelError(
-            f"{h5}: sha256 {actual} does not match the expected {sha256}. The file is corrupt or a "
+            f"{source}: sha256 {actual} does not match the expected {sha256}. The file is corrupt or a "
             f"different model; replace it, or set model.sha256=null to accept a custom model."
         )
-    _check_hdf5(h5)
-    return h5, actual
-
-
-def _check_hdf5(h5: Path) -> None:
-    with h5.open("rb") as f:
-        signature = f.read(8)
-    if signature != b"\x89HDF\r\n\x1a\n":
-        raise ModelError(f"{h5} is not an HDF5 file (bad signature {signature!r}); give a Keras .h5 model.")
+    return source, actual
 
 
 def converter_versions() -> dict[str, str]:
@@ -101,57 +115,78 @@ def converter_versions() -> dict[str, str]:
     return versions
 
 
-def conversion_key(h5_sha256: str) -> str:
-    """What decides the canonical ONNX: the h5's sha256, the converter versions and the recipe version."""
-    key_src = json.dumps({"h5": h5_sha256, **converter_versions(), "recipe": RECIPE_VERSION}, sort_keys=True)
+def conversion_key(sha256: str) -> str:
+    """What decides the canonical ONNX: the model file's sha256, the converter versions and the recipe
+    version."""
+    key_src = json.dumps({"h5": sha256, **converter_versions(), "recipe": RECIPE_VERSION}, sort_keys=True)
     return hashlib.sha256(key_src.encode()).hexdigest()[:16]
 
 
-def canonical_onnx(h5: Path, h5_sha256: str, cache_dir: Path) -> CanonicalModel:
-    """Return the cached canonical ONNX for ``h5``, converting it first if needed.
+def canonical_onnx(source: Path, sha256: str, cache_dir: Path, name: str = "resnet8") -> CanonicalModel:
+    """Return the cached canonical ONNX for the model file ``source`` (network ``name``), converting it first
+    if needed: a Keras model or a float .tflite by tf2onnx in a TensorFlow child, an ONNX model as it is;
+    then ORT's pre-processing.
 
     Cache key: ``conversion_key``. The file is written to a temporary name and renamed, so an interrupted
     conversion never leaves a corrupt cache entry.
     """
-    target = cache_dir / "onnx" / f"resnet8-{conversion_key(h5_sha256)}.onnx"
+    target = cache_dir / "onnx" / f"{name}-{conversion_key(sha256)}.onnx"
     if target.is_file():
-        return CanonicalModel(target, h5, h5_sha256, converted_now=False)
+        return CanonicalModel(target, source, sha256, converted_now=False)
     target.parent.mkdir(parents=True, exist_ok=True)
-    log.info("Converting %s to ONNX (cached as %s)", h5, target)
+    log.info("Converting %s to ONNX (cached as %s)", source, target)
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=".convert-") as tmp:
         raw = Path(tmp) / "raw.onnx"
         pre = Path(tmp) / "pre.onnx"
-        _keras_to_onnx(h5, raw)
+        if model_format(source) == "onnx":
+            _read_onnx(source, raw)
+        else:
+            _to_onnx(source, raw)
         _pre_process(raw, pre)
         os.replace(pre, target)
-    return CanonicalModel(target, h5, h5_sha256, converted_now=True)
+    return CanonicalModel(target, source, sha256, converted_now=True)
 
 
-def check_input(canonical: CanonicalModel, images_shape: tuple[int, ...]) -> None:
-    """Refuse, naming both shapes, a model whose input does not take the data's images (``images_shape``:
-    theirs, N first), before a backend runs it."""
+def model_io(canonical: CanonicalModel) -> tuple[tuple[int | None, ...], int]:
+    """The canonical model's per-sample input shape (None where free) and its number of outputs (classes)."""
     import onnx
 
-    graph_input = onnx.load(canonical.onnx_path, load_external_data=False).graph.input[0]
-    dims = [d.dim_value if d.HasField("dim_value") else None for d in graph_input.type.tensor_type.shape.dim]
-    expected = tuple(images_shape[1:])
-    fits = len(dims) == len(expected) + 1 and all(
-        d in (None, e) for d, e in zip(dims[1:], expected, strict=True)
-    )
-    if not fits:
-        shape = ", ".join(["N", *("?" if d is None else str(d) for d in dims[1:])])
+    graph = onnx.load(canonical.onnx_path, load_external_data=False).graph
+
+    def dims(info) -> list[int | None]:
+        return [d.dim_value if d.HasField("dim_value") else None for d in info.type.tensor_type.shape.dim]
+
+    outputs = dims(graph.output[0])
+    if len(outputs) != 2 or outputs[1] is None:
         raise ModelError(
-            f"{canonical.h5_path}: the model takes inputs of shape ({shape}), the data's images are "
-            f"(N, {', '.join(map(str, expected))}) (CIFAR-10, NHWC, raw 0-255 pixels); the tool evaluates "
-            "on CIFAR-10 only so far, so a model for other data cannot run."
+            f"{canonical.source_path}: the model's output has shape {outputs} (None: free); the tool takes "
+            "classifiers with one output of shape (N, classes)."
         )
+    return tuple(dims(graph.input[0])[1:]), outputs[1]
 
 
-def _keras_to_onnx(h5: Path, out: Path) -> None:
+def _read_onnx(source: Path, out: Path) -> None:
+    """An ONNX model as the canonical model's start: checked, its one input named ``input``."""
+    import onnx
+
+    try:
+        model = onnx.load(source)
+        onnx.checker.check_model(model)
+    except Exception as err:  # onnx raises its own and protobuf's errors for a bad file
+        raise ModelError(f"{source} is not a valid ONNX model: {err}") from err
+    if len(model.graph.input) != 1 or len(model.graph.output) != 1:
+        raise ModelError(
+            f"{source}: the model has {len(model.graph.input)} inputs and {len(model.graph.output)} outputs; "
+            "the tool takes models of one input and one output."
+        )
+    save_onnx(named_input(model), out)
+
+
+def _to_onnx(source: Path, out: Path) -> None:
     """tf2onnx conversion in a child process (:func:`tensorflow_child`)."""
-    failure = tensorflow_child("resnet8ptq.model", str(h5), str(out))
+    failure = tensorflow_child("resnet8ptq.model", str(source), str(out))
     if failure is not None or not out.is_file():
-        raise ModelError(f"Converting {h5} to ONNX failed: {failure or 'no output'}")
+        raise ModelError(f"Converting {source} to ONNX failed: {failure or 'no output'}")
 
 
 def tensorflow_child(module: str, *args: str) -> str | None:
@@ -172,9 +207,10 @@ def tensorflow_child(module: str, *args: str) -> str | None:
     return lines[-1] if lines else f"exit status {result.returncode}, no output"
 
 
-def keras_to_onnx_in_this_process(h5: Path, out: Path) -> None:
-    """tf2onnx conversion (imports TensorFlow), BatchNormalization scales computed in float64
-    (:mod:`resnet8ptq.batchnorm_fold`)."""
+def to_onnx_in_this_process(source: Path, out: Path) -> None:
+    """tf2onnx conversion (imports TensorFlow) of a Keras model, BatchNormalization scales computed in float64
+    (:mod:`resnet8ptq.batchnorm_fold`), or of a float .tflite (whose converter folded them already), its one
+    input named ``input`` and its batch left free."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import onnx
     import tensorflow as tf
@@ -182,14 +218,70 @@ def keras_to_onnx_in_this_process(h5: Path, out: Path) -> None:
 
     from resnet8ptq.batchnorm_fold import float64_batchnorm
 
-    try:
-        keras_model = tf.keras.models.load_model(h5, compile=False)
-    except Exception as err:  # Keras raises many types for unreadable files
-        raise ModelError(f"Keras could not load {h5}: {err}") from err
+    if model_format(source) == "tflite":
+        try:
+            model_proto, _ = tf2onnx.convert.from_tflite(str(source), opset=ONNX_OPSET)
+        except Exception as err:  # tf2onnx raises many types for what it cannot convert
+            raise ModelError(f"tf2onnx could not convert {source}: {err}") from err
+        onnx.save(dequantized_constants(free_batch(model_proto)), out)
+        return
+    keras_model = load_keras(source)
+    if not isinstance(keras_model.input_shape, tuple):
+        raise ModelError(f"{source}: the model has {len(keras_model.inputs)} inputs; the tool takes one.")
     spec = (tf.TensorSpec((None, *keras_model.input_shape[1:]), tf.float32, name=INPUT_NAME),)
     with float64_batchnorm(tf):
         model_proto, _ = tf2onnx.convert.from_keras(keras_model, input_signature=spec, opset=ONNX_OPSET)
     onnx.save(model_proto, out)
+
+
+def dequantized_constants(model):
+    """The graph with each DequantizeLinear of constants (a .tflite's weights stored in int8 beside float
+    activations, as MLPerf Tiny's "float32" KWS model holds five of its convolutions') replaced by the float
+    constant it computes, ``(q - zero_point) * scale`` along its axis: the float model those weights define,
+    which every backend then quantizes as its own."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    graph = model.graph
+    constants = {init.name: init for init in graph.initializer}
+    for node in [n for n in graph.node if n.op_type == "DequantizeLinear"]:
+        if not all(name in constants for name in node.input if name):
+            continue
+        q, scale, *rest = (numpy_helper.to_array(constants[name]) for name in node.input if name)
+        zero_point = rest[0] if rest else np.zeros_like(scale, dtype=np.int32)
+        axis = next((a.i for a in node.attribute if a.name == "axis"), 1)
+        shape = [1] * q.ndim
+        if scale.ndim == 1 and scale.size > 1:
+            shape[axis] = scale.size
+        values = (q.astype(np.float32) - zero_point.astype(np.float32).reshape(shape)) * scale.astype(
+            np.float32
+        ).reshape(shape)
+        graph.initializer.append(numpy_helper.from_array(values.astype(np.float32), node.output[0]))
+        graph.node.remove(node)
+    return _without_dead_nodes(model)
+
+
+def named_input(model):
+    """The model with its one graph input named ``input`` (:data:`INPUT_NAME`), as every backend feeds it."""
+    graph = model.graph
+    if len(graph.input) != 1:
+        raise ModelError(f"the model has {len(graph.input)} inputs; the tool takes one.")
+    old = graph.input[0].name
+    for node in graph.node:
+        node.input[:] = [INPUT_NAME if name == old else name for name in node.input]
+    graph.input[0].name = INPUT_NAME
+    return model
+
+
+def free_batch(model):
+    """A converted .tflite's graph with its one input named ``input`` and the batch dimension of its input
+    and output free (a .tflite fixes it at 1)."""
+    graph = named_input(model).graph
+    for info in [graph.input[0], *graph.output]:
+        dims = info.type.tensor_type.shape.dim
+        if dims:
+            dims[0].dim_param = "N"
+    return model
 
 
 def _pre_process(raw: Path, out: Path) -> None:
@@ -285,8 +377,8 @@ def save_onnx(model, path: Path) -> None:
     onnx.save(model, path)
 
 
-if __name__ == "__main__":  # the conversion child process: python -m resnet8ptq.model H5 OUT
+if __name__ == "__main__":  # the conversion child process: python -m resnet8ptq.model SOURCE OUT
     try:
-        keras_to_onnx_in_this_process(Path(sys.argv[1]), Path(sys.argv[2]))
+        to_onnx_in_this_process(Path(sys.argv[1]), Path(sys.argv[2]))
     except ModelError as error:
         sys.exit(f"ModelError: {error}")

@@ -4,7 +4,7 @@ report reads)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -57,18 +57,20 @@ REFERENCE_TAG = "reference"
 """Tag of a published model's run: its publisher (``mlperf``)."""
 
 
-def evaluation_metrics(evaluation: Evaluation, model_path: Path, perf_subset: np.ndarray) -> dict[str, float]:
+def evaluation_metrics(
+    evaluation: Evaluation, model_path: Path, perf_subset: np.ndarray, class_names: Sequence[str]
+) -> dict[str, float]:
     """Metrics every run logs: accuracy with its 95% confidence interval, accuracy on MLPerf Tiny's
-    performance subset (from the same predictions), per-class accuracy, model size."""
+    performance subset (from the same predictions; where the data has one), per-class accuracy (classes
+    without a test sample left out), model size."""
     low, high = accuracy_interval(evaluation.correct, len(evaluation.labels))
+    per_class = zip(class_names, evaluation.class_accuracy, strict=True)
     return {
         "accuracy": evaluation.accuracy,
         "accuracy_ci_low": low,
         "accuracy_ci_high": high,
-        PERF_SUBSET_METRIC: evaluation.subset_accuracy(perf_subset),
-        **{
-            f"class_acc/{name}": acc for name, acc in zip(CLASS_NAMES, evaluation.class_accuracy, strict=True)
-        },
+        **({PERF_SUBSET_METRIC: evaluation.subset_accuracy(perf_subset)} if perf_subset.size else {}),
+        **{f"class_acc/{name}": acc for name, acc in per_class if np.isfinite(acc)},
         "model_size_bytes": model_path.stat().st_size,
     }
 
@@ -80,13 +82,15 @@ class ModelRecord:
     flavor: MlflowFlavor | None  # None: no MLflow Model (``mlflow.log_models=false``)
     input_example: np.ndarray
     datasets: Mapping[str, NumpyDataset]  # context -> dataset
+    classes: int = -1  # the model's outputs, where the configuration names them (-1: not known)
 
     def log(self, run_id: str, name: str) -> None:
         """Datasets as inputs, then the model named ``name`` (linked to the metrics logged before); tag
         ``model_uri``."""
         log_datasets(run_id, self.datasets)
         if self.flavor is not None:
-            set_tags(run_id, {"model_uri": log_model(run_id, name, self.flavor, self.input_example)})
+            uri = log_model(run_id, name, self.flavor, self.input_example, self.classes)
+            set_tags(run_id, {"model_uri": uri})
 
 
 def model_record(
@@ -100,7 +104,7 @@ def model_record(
     example) unless ``mlflow.log_models=false``, when only the datasets are logged (the model file is an
     artifact either way)."""
     flavor = backend.mlflow_flavor(path) if cfg.mlflow.log_models else None
-    return ModelRecord(flavor, test_images[:2], datasets)
+    return ModelRecord(flavor, test_images[:2], datasets, len(cfg.model.classes) or -1)
 
 
 @dataclass(frozen=True)
@@ -115,6 +119,7 @@ class RunContext:
     baseline: Baseline
     perf_subset: np.ndarray
     output_dir: Path
+    class_names: tuple[str, ...] = CLASS_NAMES  # the model's classes in label order
 
 
 @dataclass
@@ -156,12 +161,14 @@ def unquantized(params: Mapping[str, Any], tags: Mapping[str, str]) -> tuple[dic
 
 def log_baseline_once(context: RunContext, backend_name: str, model: ModelRecord) -> None:
     """Log the backend's FP32 model as a run of its own (tag quantized=false) beside the quantized runs, once
-    per sweep and backend, also when parallel jobs of the sweep get here together."""
-    baseline = context.baseline
-    with first_in_sweep(context.experiment_id, backend=backend_name, quantized="false") as first:
+    per sweep, network and backend, also when parallel jobs of the sweep get here together."""
+    baseline, network = context.baseline, context.tags.get("model", "resnet8")
+    with first_in_sweep(
+        context.experiment_id, backend=backend_name, quantized="false", model=network
+    ) as first:
         if not first:
             return
-        name = f"{backend_name}-fp32"
+        name = f"{backend_name}-fp32" if network == "resnet8" else f"{network}-{backend_name}-fp32"
         fp32_params, fp32_tags = unquantized(context.params, context.tags)
         fp32_tags |= {
             "quantized": "false",
@@ -172,7 +179,9 @@ def log_baseline_once(context: RunContext, backend_name: str, model: ModelRecord
         }
         with child_run(context.experiment_id, name, fp32_tags, fp32_params) as run_id:
             metrics = {
-                **evaluation_metrics(baseline.evaluation, baseline.model.path, context.perf_subset),
+                **evaluation_metrics(
+                    baseline.evaluation, baseline.model.path, context.perf_subset, context.class_names
+                ),
                 "throughput_img_s": baseline.evaluation.throughput_img_s,
                 "latency_ms_b1": baseline.latency_ms_b1,
                 "eval_seconds": baseline.evaluation.eval_seconds,
@@ -185,7 +194,9 @@ def log_baseline_once(context: RunContext, backend_name: str, model: ModelRecord
                     EVAL_REUSED_TAG: str(baseline.reused).lower(),
                 },
             )
-            files = evaluation_files(baseline.evaluation, context.output_dir / "fp32", name)
+            files = evaluation_files(
+                baseline.evaluation, context.output_dir / "fp32", name, context.class_names
+            )
             model.log(run_id, name)  # while the charts are drawn
             log_artifacts(run_id, [*files, ("model", baseline.model.path)])
 
@@ -195,7 +206,7 @@ def quantized_metrics(
     result: QuantizedResult,
     baseline: Baseline,
     layer_errors: list[LayerError],
-    perf_subset: np.ndarray,
+    context: RunContext,
 ) -> dict[str, float]:
     """Accuracy (reference) and, where integer kernels ran, native accuracy and the gap; size, speed, timings,
     worst per-layer SQNR, and the backend's own metrics."""
@@ -206,7 +217,7 @@ def quantized_metrics(
     passes = {id(result.reference): result.reference, id(result.runtime): result.runtime}.values()
     fp32_size = baseline.model.path.stat().st_size
     return {
-        **evaluation_metrics(evaluation, quantized.path, perf_subset),
+        **evaluation_metrics(evaluation, quantized.path, context.perf_subset, context.class_names),
         "accuracy_reference": evaluation.accuracy,
         **native,
         "throughput_img_s": result.speed.throughput_img_s,
@@ -245,7 +256,7 @@ def log_quantized(
     worst = min(layer_errors, key=lambda error: error.sqnr_db, default=None)
     worst_tag = {"sqnr_worst_layer": f"{worst.layer} ({worst.kind}, {worst.sqnr_db:.1f} dB)"} if worst else {}
     raised = raised_in(quantized.layers, cfg.dtype.activation_bits)
-    metrics = quantized_metrics(quantized, made.result, context.baseline, layer_errors, context.perf_subset)
+    metrics = quantized_metrics(quantized, made.result, context.baseline, layer_errors, context)
     log_metrics(run_id, {**metrics, "algo_seconds": prepared.seconds})
     set_tags(
         run_id,
@@ -322,7 +333,7 @@ def log_published(context: RunContext, evaluated: Published, model: ModelRecord)
     if device is not None:
         run_tags |= {k: v for k, v in context.tags.items() if k.startswith("device.")}
     with child_run(context.experiment_id, run_name, run_tags, run_params) as run_id:
-        metrics = quantized_metrics(published, result, context.baseline, [], context.perf_subset)
+        metrics = quantized_metrics(published, result, context.baseline, [], context)
         log_metrics(
             run_id, {k: v for k, v in metrics.items() if k not in ("calib_seconds", "quantize_seconds")}
         )
@@ -331,7 +342,9 @@ def log_published(context: RunContext, evaluated: Published, model: ModelRecord)
             read_back_tags(published, result) | run_digests(published.path, result.reference.predictions),
         )
         evaluation_dir = context.output_dir / f"published-{name}"
-        files = evaluation_files(result.reference, evaluation_dir, run_name, context.baseline.evaluation)
+        files = evaluation_files(
+            result.reference, evaluation_dir, run_name, context.class_names, context.baseline.evaluation
+        )
         model.log(run_id, run_name)  # while the charts are drawn
         log_artifacts(run_id, [*files, ("model", published.path)])
         if evaluated.mcu is not None:

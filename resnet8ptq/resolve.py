@@ -16,14 +16,16 @@ from omegaconf import DictConfig, OmegaConf
 
 from resnet8ptq import hardware
 from resnet8ptq.algorithms import AlgoConfig
-from resnet8ptq.backends.base import Backend
+from resnet8ptq.backends.base import KERAS_SOURCE, Backend
 from resnet8ptq.components.config import ComponentsConfig
 from resnet8ptq.config import quant_spec
 from resnet8ptq.device.config import DeviceConfig, learned_settings
 from resnet8ptq.errors import ConfigError, ModelError
+from resnet8ptq.fetch import sha256_of
 from resnet8ptq.layers import check_layer_bits, check_raised
 from resnet8ptq.mcu.config import McuConfig, mcu_settings
-from resnet8ptq.model import CanonicalModel, canonical_onnx, conversion_key, resolve_h5
+from resnet8ptq.model import CanonicalModel, canonical_onnx, conversion_key, resolve_source
+from resnet8ptq.model_formats import KERAS_SUFFIXES
 from resnet8ptq.shared import Shared
 from resnet8ptq.spec import QuantSpec
 from resnet8ptq.tracking.identity import config_hash, git_commit, run_params
@@ -68,12 +70,13 @@ def resolve(cfg: DictConfig, extra_tags: Mapping[str, str] | None, shared: Share
     experiment_id = configure(cfg.mlflow)
     backend = make_backend(cfg, shared)
     params = run_params(cfg)
+    check_source(cfg.model, backend)
     backend.check(spec)  # a configuration the backend cannot run exactly is refused here
     backend.check_algorithms(algo.steps)
     identity = result_identity(cfg, backend)
     extra = dict(extra_tags or {})
     if spec.raised_layers or spec.layer_bits:  # names and widths checked before any work
-        graph = onnx.load(fp32_model(cfg.model.path, cfg.model.sha256, Path(cfg.cache_dir)).onnx_path)
+        graph = onnx.load(fp32_model(cfg.model, Path(cfg.cache_dir)).onnx_path)
         check_raised(spec.raised_layers, graph, spec.dtype.activation_bits)
         check_layer_bits(spec, graph)
     if spec.raised_layers:  # the start configuration's hash groups the steps
@@ -92,7 +95,7 @@ def resolve(cfg: DictConfig, extra_tags: Mapping[str, str] | None, shared: Share
         **(device.tags() if device.enabled else {}),
         **chip_tag(),
     }
-    name = name_of_run(backend.NAME, spec, algo, device)
+    name = name_of_run(backend.NAME, spec, algo, device, cfg.model.name)
     key = config_hash(without_device(params, learned_on(algo)), identity)
     components: ComponentsConfig = OmegaConf.to_object(cfg.components)  # validated by quant_spec
     return Plan(
@@ -113,6 +116,18 @@ def resolve(cfg: DictConfig, extra_tags: Mapping[str, str] | None, shared: Share
     )
 
 
+def check_source(model: DictConfig, backend: Backend) -> None:
+    """Refuse a backend whose converter reads Keras models (:attr:`Backend.SOURCE`) a model of another format,
+    by the file's suffix (:mod:`resnet8ptq.model_formats`)."""
+    name = model.path or model.asset
+    if backend.SOURCE == KERAS_SOURCE and name and Path(name).suffix.lower() not in KERAS_SUFFIXES:
+        raise ConfigError(
+            f"backend={backend.NAME} converts Keras models (.h5, .keras) with its own converter; "
+            f"model={model.name} is {Path(name).name}. Give the model's Keras file (model.path=...), or "
+            "choose backend=onnx or backend=torch."
+        )
+
+
 def chip_tag() -> dict[str, str]:
     """``device.chip``: the chip preset (``device/chip=...``, conf/device/chip/) the device's settings came
     from, when one was chosen."""
@@ -122,15 +137,18 @@ def chip_tag() -> dict[str, str]:
     return {"device.chip": chip} if chip else {}
 
 
-def name_of_run(backend: str, spec: QuantSpec, algo: AlgoConfig, device: DeviceConfig) -> str:
-    """A quantized run's name: backend, types, calibration, granularity, then what is not the default (the
-    algorithms, ``-aware`` when they learned against the device, ``-noisy`` on noisy chips, raised or mixed
-    layers, the device):
+def name_of_run(
+    backend: str, spec: QuantSpec, algo: AlgoConfig, device: DeviceConfig, model: str = "resnet8"
+) -> str:
+    """A quantized run's name: the network unless ResNet8, backend, types, calibration, granularity, then what
+    is not the default (the algorithms, ``-aware`` when they learned against the device, ``-noisy`` on noisy
+    chips, raised or mixed layers, the device):
     ``onnx-int8-int8-minmax-pc-cle-cim-r128-adc4``,
     ``onnx-int8-int8-minmax-pc-brecq-aware-cim-r128-adc4-learned``."""
     granularity = ("pc" if spec.per_channel else "pt") + ("-rr" if spec.reduce_range else "")
     weights = "-wmse" if spec.calib.weights == "mse" else ""
     name = f"{backend}-{spec.dtype.label}-{spec.calib.method}{weights}-{granularity}"
+    name = name if model == "resnet8" else f"{model}-{name}"
     name += "".join(f"-{step}" for step in algo.steps) + ("-aware" if algo.device_aware else "")
     name += "-noisy" if algo.device_noise else ""
     name += f"-raised{len(spec.raised_layers)}" if spec.raised_layers else ""
@@ -196,12 +214,21 @@ def result_identity(cfg: DictConfig, backend: Backend) -> dict[str, str]:
     with the reason; it is never skipped).
     """
     try:
-        h5_sha256 = cfg.model.sha256 or resolve_h5(cfg.model.path, None, Path(cfg.cache_dir))[1]
-        model = conversion_key(h5_sha256)
+        sha256 = cfg.model.sha256 or source_file(cfg.model, Path(cfg.cache_dir), check=False)[1]
+        model = conversion_key(sha256)
     except ModelError:
         model = "unknown"
     versions = {f"version.{lib}": version for lib, version in backend.versions().items()}
-    return {"model": model, **versions, **mcu_identity(cfg, backend)}
+    return {"model": model, **data_identity(cfg.data), **versions, **mcu_identity(cfg, backend)}
+
+
+def data_identity(data: DictConfig) -> dict[str, str]:
+    """What decides the data besides its settings: a user's arrays by their file's sha256 (CIFAR-10 is
+    checked against its official checksums, so its settings say all); "unknown" for a file not found."""
+    if data.name != "npz":
+        return {}
+    path = Path(data.path).expanduser()
+    return {"data": sha256_of(path) if path.is_file() else "unknown"}
 
 
 def mcu_identity(cfg: DictConfig, backend: Backend) -> dict[str, str]:
@@ -228,7 +255,13 @@ def threads_per_run(cfg: DictConfig) -> int:
     return max(1, cores // (cores if n_jobs < 0 else n_jobs))
 
 
-def fp32_model(path: str | None, sha256: str | None, cache_dir: Path) -> CanonicalModel:
-    """The canonical FP32 ONNX model (converted from the Keras .h5 once, then cached on disk)."""
-    h5, actual_sha256 = resolve_h5(path, sha256, cache_dir)
-    return canonical_onnx(h5, actual_sha256, cache_dir)
+def source_file(model: DictConfig, cache_dir: Path, check: bool = True) -> tuple[Path, str]:
+    """The `model` group's file and its actual sha256 (checked against ``model.sha256`` with ``check``)."""
+    sha256 = model.sha256 if check else None
+    return resolve_source(model.path, sha256, cache_dir, model.asset, model.url)
+
+
+def fp32_model(model: DictConfig, cache_dir: Path) -> CanonicalModel:
+    """The `model` group's canonical FP32 ONNX model (converted once, then cached on disk)."""
+    source, sha256 = source_file(model, cache_dir)
+    return canonical_onnx(source, sha256, cache_dir, model.name)

@@ -19,7 +19,7 @@ from resnet8ptq.device.dac import dac_ranges as calibrated_dac_ranges
 from resnet8ptq.device.dac import profiled_inputs
 from resnet8ptq.device.executor import Arithmetic, Ideal, execute, predictions
 from resnet8ptq.device.graph import IntegerModel
-from resnet8ptq.evaluate import Evaluated
+from resnet8ptq.evaluate import Evaluated, subset_accuracy
 from resnet8ptq.layer_errors import tensor_sqnr_db
 from resnet8ptq.spec import EvaluationImages
 from resnet8ptq.statistics import accuracy_interval
@@ -62,7 +62,11 @@ class DeviceResult:
             "accuracy_device_std": self.std,
             "accuracy_device_ci_low": self.interval[0],
             "accuracy_device_ci_high": self.interval[1],
-            "accuracy_device_perf_subset": self.subset_accuracy,
+            **(
+                {"accuracy_device_perf_subset": self.subset_accuracy}
+                if np.isfinite(self.subset_accuracy)
+                else {}
+            ),
             "device_differing_predictions": float(self.differing_from_reference),
             "device_seconds": self.seconds,
             **({"device_sqnr_min_db": min(self.layer_sqnr.values())} if self.layer_sqnr else {}),
@@ -266,7 +270,7 @@ def evaluate_device(
             predicted = predictions(runs, logits)
             first = predicted if first is None else first
             accuracies.append(float(np.mean(predicted == labels)))
-            subset.append(float(np.mean(predicted[perf_subset] == labels[perf_subset])))
+            subset.append(subset_accuracy(predicted, labels, perf_subset))
     sqnr = {}
     if device.kind == "cim":  # the ideal integer device is the reference itself
         sample = images[: min(SQNR_IMAGES, device.images_per_step)]

@@ -74,6 +74,26 @@ class QdqLayer:
     kernel: tuple[int, int] = (1, 1)  # max_pool only: the window
 
 
+def is_layout_reshape(before: tuple, after: tuple) -> bool:
+    """Whether reshaping an (N, H, W, 1) input to ``after`` is NHWC -> NCHW, the transpose the integer
+    device's input takes (one channel: a converted .tflite's reshape, as MLPerf Tiny's KWS model's)."""
+    before, after = tuple(before), tuple(after)
+    return len(before) == 4 and before[3] == 1 and after[1:] == (1, before[1], before[2])
+
+
+def bias_fitting_scales(
+    layer: QdqLayer, q_in: Quant, weight_scale: np.ndarray, zero_point: np.ndarray
+) -> np.ndarray:
+    """The weight scales with each channel whose weights are all zero (a pruned or dead channel: MLPerf Tiny's
+    VWW model has some) given the least scale at which its float bias fits the int32 accumulator, as ONNX
+    Runtime's quantizer does ("Increased scale for weight ... to ensure bias input has a valid scale"): its
+    weights stay zero at any scale, and at the observer's tiny scale its bias would overflow."""
+    weight = np.asarray(layer.weight).reshape(len(weight_scale), -1)
+    dead = np.all(weight == zero_point[:, None], axis=1)
+    needed = np.abs(np.asarray(layer.bias, np.float64)) / (np.float64(q_in.scale) * (2**31 - 1))
+    return np.where(dead & (weight_scale < needed), needed * 2, weight_scale).astype(np.float32)
+
+
 def lower_conv(layer: QdqLayer, q_in: Quant, q_out: Quant | None, quants: dict[str, Quant]) -> Conv:
     channels = len(layer.weight)
     weight_scale = np.broadcast_to(np.asarray(layer.weight_scale, np.float32), (channels,)).copy()
@@ -81,6 +101,7 @@ def lower_conv(layer: QdqLayer, q_in: Quant, q_out: Quant | None, quants: dict[s
     if layer.bias is None:
         bias = np.zeros(channels, np.int32)
     elif layer.bias_is_float:
+        weight_scale = bias_fitting_scales(layer, q_in, weight_scale, zero_point)
         bias_scale = np.float64(q_in.scale) * weight_scale.astype(np.float64)
         bias = np.round(np.asarray(layer.bias, np.float64) / bias_scale).astype(np.int32)
     else:

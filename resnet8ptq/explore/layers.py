@@ -282,10 +282,10 @@ def fp32_onnx(uri: str, experiment_id: str, h5_sha256: str | None = None) -> tup
         if path is not None and path.suffix == ".onnx":
             return path, f"the model of FP32 run {run.info.run_name} ({run.info.run_id[:8]})"
     try:
-        from resnet8ptq.model import MODEL_SHA256, canonical_onnx, resolve_h5
+        from resnet8ptq.model import MODEL_SHA256, canonical_onnx, resolve_source
 
         cache = Path(os.environ.get("RESNET8PTQ_CACHE") or Path.home() / ".cache" / "resnet8ptq")
-        h5, sha256 = resolve_h5(None, h5_sha256 or MODEL_SHA256, cache)
+        h5, sha256 = resolve_source(None, h5_sha256 or MODEL_SHA256, cache)
         return canonical_onnx(h5, sha256, cache).onnx_path, f"the tool's converted model in {cache}"
     except Exception as error:  # no baseline run, no model: the layer view shows no FP32 weights
         return None, f"no ONNX FP32 baseline run in the store, and the tool's conversion failed: {error}"

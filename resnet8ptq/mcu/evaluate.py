@@ -18,7 +18,7 @@ import numpy as np
 
 from resnet8ptq.backends.tflite.flatbuffer import read
 from resnet8ptq.backends.tflite.litert_runner import dequantize, quantize
-from resnet8ptq.evaluate import Evaluated
+from resnet8ptq.evaluate import Evaluated, subset_accuracy
 from resnet8ptq.hardware import usable_cores
 from resnet8ptq.mcu import tflm, vela
 from resnet8ptq.mcu.config import KIB, Board, McuConfig
@@ -109,10 +109,12 @@ class McuResult:
     def metrics(self) -> dict[str, float]:
         metrics = {
             "accuracy_mcu": self.accuracy,
-            "accuracy_mcu_perf_subset": float(
-                np.mean(self.predictions[self.perf_subset] == self.labels[self.perf_subset])
-            ),
             "mcu_differing_predictions": self.differing_predictions,
+            **(
+                {"accuracy_mcu_perf_subset": subset_accuracy(self.predictions, self.labels, self.perf_subset)}
+                if self.perf_subset.size
+                else {}
+            ),
             "mcu_differing_outputs": self.differing_outputs,
             "mcu_arena_bytes": self.arena.recorded,
             "mcu_arena_smallest_bytes": self.arena.smallest,

@@ -81,21 +81,19 @@ def run_within_budget(cfg: DictConfig, output_dir: Path, run: Callable[..., str]
     :func:`resnet8ptq.pipeline.run`); return the run's id. A budget no mix meets is a ConfigError before any
     measurement. ``shared``: the process's shared objects (:mod:`resnet8ptq.shared`)."""
     from resnet8ptq.config import quant_spec
-    from resnet8ptq.data import calibration_set
     from resnet8ptq.inputs import load_dataset
     from resnet8ptq.resolve import fp32_model, make_backend
 
     spec = quant_spec(cfg)  # validates `target` too: ConfigError before any work
     target = TargetConfig(**OmegaConf.to_container(cfg.target, resolve=True))
     check_budget_settings(cfg, spec)
-    canonical = fp32_model(cfg.model.path, cfg.model.sha256, Path(cfg.cache_dir))
+    canonical = fp32_model(cfg.model, Path(cfg.cache_dir))
     model = onnx.load(canonical.onnx_path)
     candidates = choosable(model, spec, with_activations=target.max_bops is not None)
     check_feasible(model, spec, candidates, target)
     # A backend that cannot hold layers of their own width (TFLite) refuses before any measurement.
     make_backend(cfg, shared).check(replace(spec, layer_bits=tuple((c.layer, 8) for c in candidates)))
-    data = load_dataset(shared, cfg.data.root, cfg.data.download, cfg.cache_dir)
-    images, _ = calibration_set(data, cfg.data.calib_per_class, cfg.data.seed)
+    images = load_dataset(shared, cfg.data, cfg.cache_dir).calibration_inputs
     key = sensitivity_key(
         canonical.onnx_path, spec, target, candidates, cfg.data.calib_per_class, cfg.data.seed
     )

@@ -8,11 +8,11 @@ from pathlib import Path
 
 from resnet8ptq import drawing, hardware, records
 from resnet8ptq.backends.base import KERAS_SOURCE, Backend
-from resnet8ptq.data import Cifar10
+from resnet8ptq.datasets import check_fits, class_names
 from resnet8ptq.evaluate import Baseline, Kept, evaluate_baseline
 from resnet8ptq.evaluation_cache import EvaluationCache
-from resnet8ptq.inputs import RunInputs, test_set
-from resnet8ptq.model import CanonicalModel, check_input
+from resnet8ptq.inputs import RunInputs
+from resnet8ptq.model import CanonicalModel, model_io
 from resnet8ptq.records import RunContext, model_record
 from resnet8ptq.resolve import fp32_model
 from resnet8ptq.shared import Shared
@@ -40,15 +40,19 @@ class Fp32Stage(Stage):
         baseline's run, once per sweep and backend."""
         plan, shared = record.plan, record.shared
         cfg, backend = plan.cfg, plan.backend
-        canonical = fp32_model(cfg.model.path, cfg.model.sha256, Path(cfg.cache_dir))
-        check_input(canonical, inputs.test_images.shape)
+        canonical = fp32_model(cfg.model, Path(cfg.cache_dir))
+        input_shape, outputs = model_io(canonical)
+        check_fits(inputs.dataset, input_shape, outputs, f"model={cfg.model.name} ({canonical.source_path})")
+        classes = class_names(cfg.model.classes, inputs.dataset, outputs, f"model={cfg.model.name}")
         source = source_path(backend, canonical, canonical.onnx_path)
         drawing.wait_started()  # its start-up over before anything is timed
         kept = EvaluationCache.of(backend, Path(cfg.cache_dir), inputs.test_set_digest).measured
-        baseline = fp32_baseline(shared, backend, source, Path(cfg.cache_dir), inputs.data, kept)
+        baseline = fp32_baseline(shared, backend, source, Path(cfg.cache_dir), inputs, kept)
         tags = {
-            "data.verified": f"md5 ({inputs.data.layout} layout)",
-            "model.sha256": canonical.h5_sha256,
+            "model": cfg.model.name,
+            "data": inputs.dataset.name,
+            "data.verified": inputs.dataset.verified,
+            "model.sha256": canonical.source_sha256,
             **{f"version.{lib}": version for lib, version in backend.versions().items()},
             **hardware.detect().tags(),
         }
@@ -57,7 +61,13 @@ class Fp32Stage(Stage):
             cfg, backend, baseline.model.path, inputs.test_images, inputs.datasets.fp32
         )
         context = RunContext(
-            plan.experiment_id, plan.params, plan.tags | tags, baseline, inputs.perf_subset, record.output_dir
+            plan.experiment_id,
+            plan.params,
+            plan.tags | tags,
+            baseline,
+            inputs.perf_subset,
+            record.output_dir,
+            classes,
         )
         records.log_baseline_once(context, backend.NAME, fp32_record)
         return Fp32(canonical, baseline, context)
@@ -72,7 +82,7 @@ STAGE = Fp32Stage()
 def source_path(backend: Backend, canonical: CanonicalModel, onnx_path: Path) -> Path:
     """The FP32 file the backend starts from (:attr:`Backend.SOURCE`): ``onnx_path`` (the canonical ONNX
     model, or the `algo` steps' transform of it), or the .h5 for a backend that converts Keras itself."""
-    return canonical.h5_path if backend.SOURCE == KERAS_SOURCE else onnx_path
+    return canonical.source_path if backend.SOURCE == KERAS_SOURCE else onnx_path
 
 
 def fp32_baseline(
@@ -80,14 +90,14 @@ def fp32_baseline(
     backend: Backend,
     onnx_path: Path,
     cache_dir: Path,
-    data: Cifar10,
+    inputs: RunInputs,
     kept: Kept | None = None,
 ) -> Baseline:
     """The backend's FP32 model evaluated on the test set, once per ``shared``, backend instance (see
-    make_backend), model file and dataset (or an earlier run's evaluation, from ``kept``)."""
+    make_backend), model file and data set (or an earlier run's evaluation, from ``kept``)."""
 
     def evaluate() -> Baseline:
         model = backend.load_fp32(onnx_path, cache_dir / backend.NAME)
-        return evaluate_baseline(model, *test_set(shared, data), f"{backend.NAME}-fp32", kept)
+        return evaluate_baseline(model, inputs.test_images, inputs.test_labels, f"{backend.NAME}-fp32", kept)
 
-    return shared.get("baseline", (backend, onnx_path, cache_dir, data), evaluate)
+    return shared.get("baseline", (backend, onnx_path, cache_dir, inputs.dataset), evaluate)

@@ -25,6 +25,10 @@ class PublishedStage(Stage):
     name = "published"
     order = 15  # after the FP32 baseline it is compared with, before this run's own quantization
 
+    def enabled(self, plan: Plan) -> bool:
+        """Only for the network the published models are of (``model.published_reference``)."""
+        return bool(plan.cfg.model.published_reference)
+
     def run(self, inputs: RunInputs, record: RunRecord) -> None:
         plan = record.plan
         log_published_once(plan, record["fp32"].context, inputs)

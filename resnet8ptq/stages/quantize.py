@@ -50,8 +50,9 @@ class QuantizeStage(Stage):
             fp32.baseline.evaluation.accuracy, made.result.verdict.execution, made.result.verdict.reason,
         )  # fmt: skip
         baseline = fp32.baseline.evaluation
+        out = record.output_dir / "evaluation"
         return Quantized(
-            made, evaluation_files(reference, record.output_dir / "evaluation", plan.name, baseline)
+            made, evaluation_files(reference, out, plan.name, fp32.context.class_names, baseline)
         )
 
     def log(self, inputs: RunInputs, record: RunRecord, result: Quantized) -> None:

@@ -30,6 +30,7 @@ RESULT_KEYS = (
     "raised_layers",
     "layer_bits",
     "native_tolerance_points",
+    "data.name",
     "data.calib_per_class",
     "data.seed",
     # Not the accuracy but what the run holds: a run without them is not reused by a sweep that wants them.
@@ -50,6 +51,7 @@ earlier run's; whether a design no component model covers is refused or run unco
 GROUP_CHOICES = ("backend", "dtype", "calib", "algo", "device", "components")
 
 ADDED_DEFAULTS = {
+    "data.name": "cifar10",  # the only data before the `data` group (issue 73)
     "dtype.activation_bits": "8",
     "dtype.weight_bits": "8",
     "dtype.first_last_bits": "None",

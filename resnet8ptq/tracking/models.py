@@ -20,11 +20,14 @@ from mlflow.types import Schema, TensorSpec
 
 from resnet8ptq.backends.base import MlflowFlavor
 
-SIGNATURE = ModelSignature(
-    inputs=Schema([TensorSpec(np.dtype(np.float32), (-1, 32, 32, 3))]),
-    outputs=Schema([TensorSpec(np.dtype(np.float32), (-1, 10))]),
-)
-"""NHWC float32 raw 0-255 pixels in, class probabilities out. Unnamed tensors: pyfunc passes the array."""
+
+def signature(input_example: np.ndarray, classes: int) -> ModelSignature:
+    """The model's inputs (float32, the example's per-sample shape: NHWC raw 0-255 pixels for CIFAR-10) and
+    its ``classes`` class probabilities (-1: not known). Unnamed tensors: pyfunc passes the array."""
+    return ModelSignature(
+        inputs=Schema([TensorSpec(np.dtype(np.float32), (-1, *input_example.shape[1:]))]),
+        outputs=Schema([TensorSpec(np.dtype(np.float32), (-1, classes))]),
+    )
 
 
 FORBIDDEN_IN_MODEL_NAMES = "/:.%\"'"
@@ -37,9 +40,9 @@ def model_name(run_name: str) -> str:
     return "".join("_" if char in FORBIDDEN_IN_MODEL_NAMES else char for char in run_name)
 
 
-def log_model(run_id: str, name: str, how: MlflowFlavor, input_example: np.ndarray) -> str:
-    """Log a saved model as an MLflow Model of the run named ``name`` (the model's name: :func:`model_name`);
-    return its ``models:/<id>`` URI.
+def log_model(run_id: str, name: str, how: MlflowFlavor, input_example: np.ndarray, classes: int = -1) -> str:
+    """Log a saved model as an MLflow Model of the run named ``name`` (the model's name: :func:`model_name`),
+    of ``classes`` outputs (-1: not known); return its ``models:/<id>`` URI.
 
     The run's metrics logged so far are linked to the model (MLflow copies them), so log metrics first. The
     model is created in the run's experiment with the run's params: left to itself, ``Model.log`` puts it in
@@ -58,7 +61,7 @@ def log_model(run_id: str, name: str, how: MlflowFlavor, input_example: np.ndarr
             flavor=how.flavor,
             run_id=run_id,
             model_id=model.model_id,
-            signature=SIGNATURE,
+            signature=signature(input_example, classes),
             input_example=input_example,
             pip_requirements=how.requirements,
             **how.arguments,
@@ -90,9 +93,10 @@ def content_digest(*arrays: np.ndarray) -> str:
 
 
 def numpy_dataset(
-    name: str, images: np.ndarray, labels: np.ndarray, source: str, digest: str
+    name: str, images: np.ndarray, labels: np.ndarray | None, source: str, digest: str
 ) -> NumpyDataset:
-    """A dataset entity for images and labels (``digest``: a content hash the caller computed)."""
+    """A dataset entity for inputs and labels (None: unlabelled; ``digest``: a content hash the caller
+    computed)."""
     return mlflow.data.from_numpy(images, targets=labels, source=source, name=name, digest=digest)
 
 

@@ -19,7 +19,7 @@ from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
 from resnet8ptq.data import BINARY_DIR, Cifar10, calibration_set, load_cifar10, to_model_input
-from resnet8ptq.model import MODEL_FILENAME, MODEL_SHA256, CanonicalModel, canonical_onnx, resolve_h5
+from resnet8ptq.model import MODEL_FILENAME, MODEL_SHA256, CanonicalModel, canonical_onnx, resolve_source
 from resnet8ptq.tracking.store import seed_sqlite_store
 from resnet8ptq.tracking.sweep import PARENT_RUN_ENV
 from tests.integration.cli_zygote import Zygote, needs_fresh_interpreter
@@ -63,7 +63,7 @@ def model_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def canonical_model(assets_dir: Path, model_cache: Path) -> CanonicalModel:
     """The canonical FP32 ONNX model converted from the MLPerf Tiny .h5."""
-    h5, sha256 = resolve_h5(assets_dir / "models" / MODEL_FILENAME, MODEL_SHA256, model_cache)
+    h5, sha256 = resolve_source(assets_dir / "models" / MODEL_FILENAME, MODEL_SHA256, model_cache)
     return canonical_onnx(h5, sha256, model_cache)
 
 

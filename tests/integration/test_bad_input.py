@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import numpy as np
 import pytest
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
@@ -207,6 +208,39 @@ def test_bad_data(run_cli, workdir: Path, assets_dir: Path, case: str) -> None:
         assert listing(workdir / "cifar") == before  # left as it was: nothing downloaded or extracted
 
 
+def bad_network(tmp_path: Path, case: str) -> tuple[list[str], str]:
+    """A network with a toolchain or data it cannot take: the overrides and the error's words."""
+    kws = ["model=kws", "data=npz", f"data.path={tmp_path / 'kws.npz'}"]
+    inputs = {"kws shape": (49, 10, 1), "vww shape": (96, 96, 3), "no labels": (49, 10, 1)}.get(case)
+    if inputs is not None:
+        arrays = {"calibration_inputs": np.zeros((4, *inputs), np.float32)}
+        arrays["test_inputs"] = np.zeros((6, *inputs), np.float32)
+        if case != "no labels":
+            arrays["test_labels"] = np.arange(6)
+        np.savez(tmp_path / "kws.npz", **arrays)
+    return {
+        "vww on cifar10": (["model=vww"], "the model takes inputs of shape (N, 96, 96, 3); data=cifar10"),
+        "no labels": (kws, "kws.npz lacks test_labels"),
+        "vww shape": (kws, "the model takes inputs of shape (N, 49, 10, 1); data=npz"),
+    }[case]
+
+
+@pytest.mark.parametrize("case", ["vww on cifar10", "no labels", "vww shape"])
+def test_data_the_network_cannot_take(run_cli, workdir: Path, case: str) -> None:
+    """A network's data that is missing, malformed or of another network's shape: the run fails with what
+    is wrong, recorded, nothing cached but the converted model."""
+    overrides, message = bad_network(workdir, case)
+    runs = failed_cleanly(run_cli(workdir, *overrides), workdir, message)
+    assert_recorded(runs, message)
+
+
+def test_a_toolchain_that_cannot_take_the_network_fails_before_the_run(run_cli, tmp_path: Path) -> None:
+    """TFLite's converter reads Keras models; KWS comes as a float .tflite: refused before any work."""
+    result = run_cli(tmp_path, "model=kws", "backend=tflite", "data=npz", f"data.path={tmp_path / 'x.npz'}")
+    failed_cleanly(result, tmp_path, "backend=tflite converts Keras models (.h5, .keras)")
+    assert not any(tmp_path.rglob("*.onnx"))
+
+
 @pytest.mark.parametrize("per_class", [0, -1, 5001])
 def test_calibration_sample_size_out_of_range(run_cli, workdir: Path, per_class: int) -> None:
     message = f"per_class={per_class} (data.calib_per_class) is out of range: allowed 1..5000"
@@ -223,8 +257,8 @@ def bad_model(tmp_path: Path, assets_dir: Path, case: str) -> tuple[list[str], s
         return [f"model.path={h5}"], f"does not match the expected {MODEL_SHA256}"
     if case == "other input":  # MLPerf Tiny's anomaly detection autoencoder: 640-value vectors
         shutil.copy(assets_dir / "models" / "mlperf_tiny" / "anomaly_detection" / "ad01.h5", h5)
-        message = f"{h5}: the model takes inputs of shape (N, 640), the data's images are (N, 32, 32, 3)"
-        return [f"model.path={h5}", "model.sha256=null"], message
+        message = f"model=custom ({h5}): the model takes inputs of shape (N, 640); data=cifar10"
+        return ["model=custom", f"model.path={h5}"], message
     h5.write_text("not a model\n")
     return [f"model.path={h5}", "model.sha256=null"], f"{h5} is not an HDF5 file"
 

@@ -15,7 +15,7 @@ from resnet8ptq.backends.onnx.backend import predictor, session
 from resnet8ptq.data import Cifar10, to_model_input
 from resnet8ptq.errors import ModelError
 from resnet8ptq.evaluate import evaluate
-from resnet8ptq.model import MODEL_SHA256, CanonicalModel, canonical_onnx, resolve_h5
+from resnet8ptq.model import MODEL_SHA256, CanonicalModel, canonical_onnx, resolve_source
 
 
 def test_fp32_accuracy_is_exactly_the_reference(canonical_model: CanonicalModel, cifar: Cifar10) -> None:
@@ -26,7 +26,7 @@ def test_fp32_accuracy_is_exactly_the_reference(canonical_model: CanonicalModel,
 
 
 def test_conversion_is_cached(canonical_model: CanonicalModel, model_cache: Path) -> None:
-    again = canonical_onnx(canonical_model.h5_path, canonical_model.h5_sha256, model_cache)
+    again = canonical_onnx(canonical_model.source_path, canonical_model.source_sha256, model_cache)
     assert again.onnx_path == canonical_model.onnx_path
     assert again.converted_now is False
 
@@ -48,27 +48,27 @@ def test_interrupted_conversion_leaves_no_cache_entry(
 
     monkeypatch.setattr(model_module, "_pre_process", killed)
     with pytest.raises(KeyboardInterrupt):
-        canonical_onnx(canonical_model.h5_path, canonical_model.h5_sha256, tmp_path)
+        canonical_onnx(canonical_model.source_path, canonical_model.source_sha256, tmp_path)
     assert list((tmp_path / "onnx").iterdir()) == []
 
 
 def test_wrong_sha256_is_refused(canonical_model: CanonicalModel, tmp_path: Path) -> None:
     tampered = tmp_path / "model.h5"
-    data = bytearray(canonical_model.h5_path.read_bytes())
+    data = bytearray(canonical_model.source_path.read_bytes())
     data[-1] ^= 0xFF
     tampered.write_bytes(bytes(data))
     with pytest.raises(ModelError, match="does not match the expected"):
-        resolve_h5(tampered, MODEL_SHA256, tmp_path)
+        resolve_source(tampered, MODEL_SHA256, tmp_path)
 
 
 def test_download_when_no_local_copy(
     canonical_model: CanonicalModel, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     served = tmp_path / "served.h5"
-    shutil.copy(canonical_model.h5_path, served)
+    shutil.copy(canonical_model.source_path, served)
     monkeypatch.delenv(model_module.ASSETS_ENV, raising=False)
     monkeypatch.setattr(model_module, "MODEL_URL", served.as_uri())
-    h5, sha256 = resolve_h5(None, MODEL_SHA256, tmp_path / "cache")
+    h5, sha256 = resolve_source(None, MODEL_SHA256, tmp_path / "cache")
     assert h5 == tmp_path / "cache" / "models" / model_module.MODEL_FILENAME
     assert sha256 == MODEL_SHA256
 
@@ -102,7 +102,7 @@ def test_a_second_conversion_in_another_process_is_the_same_bytes(
         "import sys; from pathlib import Path; from resnet8ptq.model import canonical_onnx; "
         "print(canonical_onnx(Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3])).onnx_path)"
     )
-    args = [str(canonical_model.h5_path), canonical_model.h5_sha256, str(tmp_path / "fresh-cache")]
+    args = [str(canonical_model.source_path), canonical_model.source_sha256, str(tmp_path / "fresh-cache")]
     done = subprocess.run(
         [sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=600, check=False
     )

@@ -236,7 +236,7 @@ def per_tensor_16x8(
         DtypeConfig("uint8", "int8", activation_bits=16), CalibConfig("minmax"), per_channel=False
     )
     backend = TFLiteBackend(native=False, mlperf_reference=False)
-    return backend.quantize(canonical_model.h5_path, calibration, spec, tmp_path_factory.mktemp("16x8"))
+    return backend.quantize(canonical_model.source_path, calibration, spec, tmp_path_factory.mktemp("16x8"))
 
 
 def test_16x8_per_tensor_read_back(per_tensor_16x8) -> None:

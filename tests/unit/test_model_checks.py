@@ -10,26 +10,26 @@ import pytest
 
 from resnet8ptq import model as model_module
 from resnet8ptq.errors import ModelError
-from resnet8ptq.model import MODEL_SHA256, resolve_h5
+from resnet8ptq.model import MODEL_SHA256, resolve_source
 
 
 def test_non_hdf5_file_is_refused(tmp_path: Path) -> None:
     bogus = tmp_path / "model.h5"
     bogus.write_text("not a model")
     with pytest.raises(ModelError, match="not an HDF5 file"):
-        resolve_h5(bogus, None, tmp_path)
+        resolve_source(bogus, None, tmp_path)
 
 
 def test_missing_model_path_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ModelError, match="does not exist"):
-        resolve_h5(tmp_path / "nope.h5", None, tmp_path)
+        resolve_source(tmp_path / "nope.h5", None, tmp_path)
 
 
 def test_failed_download_names_the_fix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(model_module.ASSETS_ENV, raising=False)
     monkeypatch.setattr(model_module, "MODEL_URL", (tmp_path / "absent.h5").as_uri())
     with pytest.raises(ModelError, match="RESNET8PTQ_ASSETS"):
-        resolve_h5(None, MODEL_SHA256, tmp_path / "cache")
+        resolve_source(None, MODEL_SHA256, tmp_path / "cache")
     assert not any((tmp_path / "cache" / "models").iterdir())
 
 
@@ -112,3 +112,38 @@ def test_unknown_dims_are_numbered_the_same_on_every_conversion() -> None:
         "unk_0",
         "width",
     ]  # own names kept
+
+
+def test_weights_stored_in_int8_become_the_float_weights_they_define() -> None:
+    """A converted .tflite's DequantizeLinear of int8 weights (per channel, as MLPerf Tiny's KWS model holds)
+    folds into the float constant: the graph computes the same, with no DequantizeLinear left."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    from resnet8ptq.model import dequantized_constants
+
+    rng = np.random.default_rng(0)
+    weights = rng.integers(-127, 128, (4, 3, 3, 3)).astype(np.int8)
+    scales = rng.uniform(0.001, 0.01, 4).astype(np.float32)
+    graph = helper.make_graph(
+        [
+            helper.make_node("DequantizeLinear", ["w_q", "w_scale", "w_zp"], ["w"], axis=0),
+            helper.make_node("Conv", ["input", "w"], ["output"]),
+        ],
+        "g",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N", 3, 8, 8])],
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, ["N", 4, 6, 6])],
+        [
+            numpy_helper.from_array(weights, "w_q"),
+            numpy_helper.from_array(scales, "w_scale"),
+            numpy_helper.from_array(np.zeros(4, np.int8), "w_zp"),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    images = rng.random((2, 3, 8, 8), dtype=np.float32)
+    before = ort.InferenceSession(model.SerializeToString()).run(None, {"input": images})[0]
+    folded = dequantized_constants(model)
+    assert [node.op_type for node in folded.graph.node] == ["Conv"]
+    after = ort.InferenceSession(folded.SerializeToString()).run(None, {"input": images})[0]
+    np.testing.assert_allclose(after, before, rtol=1e-6, atol=1e-6)

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from omegaconf import OmegaConf
 
-from resnet8ptq import inputs
+from resnet8ptq import datasets, inputs, mlperf
 from resnet8ptq.backends.base import Model
 from resnet8ptq.data import Cifar10
 from resnet8ptq.shared import Shared
@@ -27,8 +28,21 @@ def reads(monkeypatch: pytest.MonkeyPatch) -> Counter:
         images = np.zeros((20, 32, 32, 3), np.uint8)
         return Cifar10(images, np.arange(20) % 10, images, np.arange(20) % 10, "binary", Path(root))
 
-    monkeypatch.setattr(inputs, "load_cifar10", fake_load)
+    monkeypatch.setattr(datasets, "load_cifar10", fake_load)
+    monkeypatch.setattr(mlperf, "perf_subset_indices", lambda cache_dir: np.arange(5))
     return counts
+
+
+def data(root: str) -> OmegaConf:
+    """The `data` group's settings for CIFAR-10 under ``root`` (two calibration images per class)."""
+    return OmegaConf.create(
+        {"name": "cifar10", "root": root, "download": False, "calib_per_class": 2, "seed": 0, "path": None}
+    )
+
+
+def run_inputs(shared: Shared, root: str) -> inputs.RunInputs:
+    """A run's inputs from the data under ``root`` (read through ``shared``)."""
+    return inputs.run_inputs(OmegaConf.create({"data": data(root), "cache_dir": "/cache"}), shared)
 
 
 class _CountingBackend:
@@ -46,9 +60,9 @@ class _CountingBackend:
 
 def test_the_data_is_read_once_per_process_and_root(reads: Counter) -> None:
     shared = Shared()
-    first = inputs.load_dataset(shared, "/data/a", False, "/cache")
-    assert inputs.load_dataset(shared, "/data/a", False, "/cache") is first
-    inputs.load_dataset(shared, "/data/b", False, "/cache")
+    first = inputs.load_dataset(shared, data("/data/a"), "/cache")
+    assert inputs.load_dataset(shared, data("/data/a"), "/cache") is first
+    inputs.load_dataset(shared, data("/data/b"), "/cache")
     assert reads == {"/data/a": 1, "/data/b": 1} and shared.kept("dataset") == 2
 
 
@@ -60,7 +74,7 @@ def test_runs_of_one_process_evaluate_each_fp32_baseline_once(reads: Counter, tm
             backend,
             tmp_path / "model.onnx",
             tmp_path,
-            inputs.load_dataset(shared, "/d", False, "/c"),
+            run_inputs(shared, "/d"),
         )
         for _run in range(3)
     ]
@@ -74,8 +88,7 @@ def test_two_shared_objects_share_nothing(reads: Counter, tmp_path: Path) -> Non
     backend = _CountingBackend()
     first, second = Shared(), Shared()
     for shared in (first, second):
-        data = inputs.load_dataset(shared, "/d", False, "/c")
-        fp32.fp32_baseline(shared, backend, tmp_path / "model.onnx", tmp_path, data)
+        fp32.fp32_baseline(shared, backend, tmp_path / "model.onnx", tmp_path, run_inputs(shared, "/d"))
     assert reads == {"/d": 2} and backend.loads == 2
     first.quantized.put("key", object())  # type: ignore[arg-type]
     assert second.quantized.get("key") is None and first.quantized.get("key") is not None

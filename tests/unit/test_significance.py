@@ -12,6 +12,7 @@ from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
 from resnet8ptq.artifacts import evaluation_files
+from resnet8ptq.data import CLASS_NAMES
 from resnet8ptq.evaluate import Evaluation
 from resnet8ptq.report import runs, sections, significance
 from resnet8ptq.report import writer as report
@@ -79,7 +80,7 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> tuple[MlflowClient, str, 
         )
         if name != "no-predictions":
             evaluation = Evaluation(predictions(right), LABELS, np.zeros((IMAGES, 10)), 1.0)
-            for directory, path in evaluation_files(evaluation, root / name, name)[:1]:
+            for directory, path in evaluation_files(evaluation, root / name, name, CLASS_NAMES)[:1]:
                 client.log_artifact(run, str(path), directory)
         client.set_terminated(run, "FINISHED")
         ids[name] = run

@@ -17,13 +17,16 @@ def plan(
     tflite: bool = False,
     layer_analysis: bool = True,
     costs: bool = True,
+    published: bool = True,
 ):
     return SimpleNamespace(
         device=SimpleNamespace(enabled=device),
         components=SimpleNamespace(enabled=costs),
         mcu=SimpleNamespace(enabled=mcu),
         backend=SimpleNamespace(MCU=tflite),
-        cfg=SimpleNamespace(layer_analysis=layer_analysis),
+        cfg=SimpleNamespace(
+            layer_analysis=layer_analysis, model=SimpleNamespace(published_reference=published)
+        ),
     )
 
 
@@ -44,6 +47,7 @@ def test_each_stage_runs_where_its_settings_ask_for_it() -> None:
     assert enabled(costs=True) == [*every_run, "layers"]  # a chip's costs need a device run
     assert enabled(mcu=True) == [*every_run, "layers"]  # TFLite Micro runs TFLite models only
     assert enabled(mcu=True, tflite=True) == [*every_run, "layers", "mcu"]
+    assert enabled(published=False) == ["fp32", "quantize", "layers"]  # published models are ResNet8's
 
 
 def test_a_result_of_a_stage_that_did_not_run_names_those_that_did() -> None:

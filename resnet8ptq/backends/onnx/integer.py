@@ -17,7 +17,7 @@ import onnx
 from onnx import numpy_helper
 
 from resnet8ptq.device.graph import IntegerModel
-from resnet8ptq.device.qdq import QdqLayer, lower, quant
+from resnet8ptq.device.qdq import QdqLayer, is_layout_reshape, lower, quant
 from resnet8ptq.model import layer_name
 
 LAYER_OPS = {
@@ -36,6 +36,7 @@ def integer_model(path: Path) -> IntegerModel:
     """The integer description of the QDQ model at ``path``."""
     graph = onnx.load(path).graph
     constants = {init.name: numpy_helper.to_array(init) for init in graph.initializer}
+    input_shape = tuple(d.dim_value for d in graph.input[0].type.tensor_type.shape.dim)  # 0: free
     consumers: dict[str, list[onnx.NodeProto]] = {}
     for node in graph.node:
         for name in node.input:
@@ -78,6 +79,10 @@ def integer_model(path: Path) -> IntegerModel:
             tensor = dequantized[name][0]
             producer = producers.get(quantizes.get(tensor, ""))
             if producer is None or producer.op_type not in {"Reshape", "Flatten"}:
+                return tensor
+            if producer.input[0] not in producers:  # the graph input: only an NHWC -> NCHW reshape
+                if not is_layout_reshape(input_shape, constants.get(producer.input[1], ())):
+                    raise ValueError(f"{producer.name}: a reshape of the model input is not covered.")
                 return tensor
             name = producer.input[0]
 

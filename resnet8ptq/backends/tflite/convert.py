@@ -21,6 +21,7 @@ import numpy as np
 
 from resnet8ptq.errors import ModelError
 from resnet8ptq.model import tensorflow_child
+from resnet8ptq.model_formats import load_keras
 
 MODES = ("float", "int8", "int16x8")
 
@@ -80,7 +81,7 @@ def convert_in_this_process(job: Conversion) -> None:
 
     from resnet8ptq.backends.tflite.private_api import disable_per_channel
 
-    keras_model = tf.keras.models.load_model(job.h5, compile=False)
+    keras_model = load_keras(job.h5)
     converter = tf.lite.TFLiteConverter.from_keras_model(keras_model)
     calibration: list[float] = []  # when the first and the last batch were taken
     if job.mode != "float":

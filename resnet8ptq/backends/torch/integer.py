@@ -20,7 +20,7 @@ from torch import fx
 
 from resnet8ptq.backends.torch.program import _stored_tensor, qdq_op
 from resnet8ptq.device.graph import IntegerModel, Quant
-from resnet8ptq.device.qdq import QdqLayer, lower
+from resnet8ptq.device.qdq import QdqLayer, is_layout_reshape, lower
 
 AFTER_LOGITS = {"softmax"}
 LAYER_TARGETS = {"conv2d", "linear", "add", "avg_pool2d", "max_pool2d"}
@@ -78,6 +78,11 @@ def integer_model(path: Path) -> IntegerModel:
             elif _target(source) in ("reshape", "view", "flatten") and source.args[0].name in dequantized:
                 alias[node.name] = quantized(source.args[0])
             elif _target(source) == "permute" and source.args[0].op == "placeholder":
+                input_name = node.name
+            elif _target(source) in ("reshape", "view") and source.args[0].op == "placeholder":
+                shapes = (tuple(source.args[0].meta["val"].shape), tuple(source.meta["val"].shape))
+                if not is_layout_reshape(*shapes):
+                    raise ValueError(f"{source.name}: a reshape of the model input is not covered.")
                 input_name = node.name
         elif op and op.startswith("dequantize"):
             source = node.args[0]
