@@ -67,8 +67,7 @@ def test_download_when_no_local_copy(
     served = tmp_path / "served.h5"
     shutil.copy(canonical_model.source_path, served)
     monkeypatch.delenv(model_module.ASSETS_ENV, raising=False)
-    monkeypatch.setattr(model_module, "MODEL_URL", served.as_uri())
-    h5, sha256 = resolve_source(None, MODEL_SHA256, tmp_path / "cache")
+    h5, sha256 = resolve_source(None, MODEL_SHA256, tmp_path / "cache", url=served.as_uri())
     assert h5 == tmp_path / "cache" / "models" / model_module.MODEL_FILENAME
     assert sha256 == MODEL_SHA256
 

@@ -27,9 +27,8 @@ def test_missing_model_path_is_refused(tmp_path: Path) -> None:
 
 def test_failed_download_names_the_fix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(model_module.ASSETS_ENV, raising=False)
-    monkeypatch.setattr(model_module, "MODEL_URL", (tmp_path / "absent.h5").as_uri())
     with pytest.raises(ModelError, match="RESNET8PTQ_ASSETS"):
-        resolve_source(None, MODEL_SHA256, tmp_path / "cache")
+        resolve_source(None, MODEL_SHA256, tmp_path / "cache", url=(tmp_path / "absent.h5").as_uri())
     assert not any((tmp_path / "cache" / "models").iterdir())
 
 
