@@ -12,6 +12,7 @@ import hashlib
 import importlib
 import pkgutil
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
@@ -133,6 +134,9 @@ def job_dirname(overrides: str, limit: int = 120) -> str:
 
 
 OmegaConf.register_new_resolver("job_dirname", job_dirname, replace=True)
+OmegaConf.register_new_resolver(
+    "package_file", lambda relative: str(Path(resnet8ptq.__file__).parent / relative), replace=True
+)  # a file shipped in the package: conf/model/dscnn.yaml's network
 register_backend_schemas()
 
 

@@ -69,6 +69,7 @@ class QdqLayer:
     stride: tuple[int, int] = (1, 1)
     padding: tuple[int, int, int, int] = (0, 0, 0, 0)  # top, bottom, left, right
     relu: bool = False  # an explicit ReLU between the op and its quantization
+    relu_max: float | None = None  # conv only: a ReLU6's upper bound (ONNX Clip(0, 6), torch hardtanh/clamp)
     residual: str | None = None  # conv only: a quantized tensor added to its output before quantization
     groups: int = 1  # conv only: input-channel groups (C_in: depthwise)
     kernel: tuple[int, int] = (1, 1)  # max_pool only: the window
@@ -112,6 +113,9 @@ def lower_conv(layer: QdqLayer, q_in: Quant, q_out: Quant | None, quants: dict[s
     else:
         multiplier, shift = conv_requantization(q_in.scale, weight_scale, q_out.scale)
         act_min, act_max = q_out.clamp_min(layer.relu), q_out.qmax
+        if layer.relu_max is not None:  # the quantized bound, rounded half to even as the quantizer does
+            bound = q_out.zero_point + int(np.round(np.float32(layer.relu_max) / np.float32(q_out.scale)))
+            act_max = min(act_max, bound)
     residual = None
     if layer.residual is not None:
         q_res = quants[layer.residual]
@@ -207,6 +211,8 @@ def lower(
         q_out = quants.get(layer.output)
         if q_out is None and (layer is not layers[-1] or layer.kind != "dense" or layer.relu):
             raise ValueError(f"{layer.name}: only the last dense layer may leave its output unquantized.")
+        if layer.relu_max is not None and layer.kind not in ("conv", "dense"):
+            raise ValueError(f"{layer.name}: a clamp (ReLU6) after a {layer.kind} layer is not covered.")
         if layer.kind in ("conv", "dense"):
             lowered.append(lower_conv(layer, quants[layer.inputs[0]], q_out, quants))
         elif layer.kind == "add":

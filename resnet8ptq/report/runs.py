@@ -149,6 +149,8 @@ def runs_frame(runs: Iterable[Run]) -> pd.DataFrame:
         per_channel = (tags.get("per_channel") or params.get("per_channel", "?")).lower()
         machine = Hardware.from_tags(tags)
         raised = tags.get("mixed_precision.raised", "")
+        network = tags.get("model", "resnet8")  # runs made before the `model` group ran ResNet8
+        backend = tags.get("backend") or params.get("backend", "?")
         rows.append(
             {
                 "run_id": run.info.run_id,
@@ -156,7 +158,10 @@ def runs_frame(runs: Iterable[Run]) -> pd.DataFrame:
                 "status": run.info.status,
                 "start_time": run.info.start_time or 0,
                 "quantized": quantized,
-                "backend": tags.get("backend") or params.get("backend", "?"),
+                # Each run is compared with the FP32 run of its network and toolchain: another network's
+                # toolchain is a "backend" of its own here (``kws:onnx``); ResNet8's keep their names.
+                "backend": backend if network == "resnet8" else f"{network}:{backend}",
+                "network": network,
                 "dtype": dtype if quantized else "fp32",
                 "activation": activation,
                 "weight": weight,

@@ -195,6 +195,24 @@ def test_fused_activations_clamp_as_tflite(activation: str, expected: tuple[int,
         activation_range(tanh, "CONV_2D", Quant(0.2, -3, -128, 127))
 
 
+def test_a_relu6_between_a_layer_and_its_quantization_clamps_its_output() -> None:
+    """The ONNX and PyTorch readers' ReLU6 (Clip(0, 6), hardtanh): the output's clamp is the zero point up to
+    6 / scale steps (rounded half to even, as the quantizer rounds), within the type; elsewhere than after a
+    conv or dense layer it is refused."""
+    from resnet8ptq.device.qdq import QdqLayer, lower, lower_conv
+
+    q_in, q_out = Quant(0.5, 0, -128, 127), Quant(0.2, -3, -128, 127)
+    layer = QdqLayer("conv", "c", ["x"], "y", weight=np.ones((2, 1, 1, 1), np.int8), weight_scale=0.1,
+                     weight_zero_point=0, relu=True, relu_max=6.0)  # fmt: skip
+    conv = lower_conv(layer, q_in, q_out, {})
+    assert (conv.act_min, conv.act_max) == (-3, 27)
+    wide = lower_conv(dataclasses.replace(layer, relu_max=100.0), q_in, q_out, {})
+    assert wide.act_max == 127
+    pool = QdqLayer("max_pool", "p", ["x"], "y", relu=True, relu_max=6.0)
+    with pytest.raises(ValueError, match="clamp \\(ReLU6\\) after a max_pool layer is not covered"):
+        lower("onnx", [pool], {"x": q_in, "y": q_in}, "x", {}, [])
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_cuda_gives_the_cpu_integers() -> None:
     rng = np.random.default_rng(8)

@@ -86,15 +86,21 @@ def integer_model(path: Path) -> IntegerModel:
                 return tensor
             name = producer.input[0]
 
-    def quantized_output(name: str) -> tuple[str, bool]:
-        """The quantized tensor a layer's float output becomes, and whether a ReLU lies between."""
-        relu = False
+    def quantized_output(name: str) -> tuple[str, bool, float | None]:
+        """The quantized tensor a layer's float output becomes, whether a ReLU lies between, and a ReLU6's
+        upper bound (a Clip from 0)."""
+        relu, high = False, None
         while name not in quantized_of:
             (node,) = consumers[name]
-            if node.op_type != "Relu":
+            if node.op_type == "Clip":
+                bounds = [*node.input, "", ""][1:3]
+                low, high = (float(constants[bound]) if bound else None for bound in bounds)
+                if low != 0.0 or high is None:
+                    raise ValueError(f"{node.name}: Clip({low}, {high}) is not covered (ReLU6: from 0).")
+            elif node.op_type != "Relu":
                 raise ValueError(f"{name} is not quantized after its layer.")
             relu, name = True, node.output[0]
-        return quantized_of[name], relu
+        return quantized_of[name], relu, high
 
     layers, windows = [], {}
     for node in graph.node:
@@ -106,9 +112,10 @@ def integer_model(path: Path) -> IntegerModel:
                     f"{Path(path).name}: op {node.op_type} is not covered by the integer executor."
                 )
             continue
-        output, relu = quantized_output(node.output[0])
+        output, relu, high = quantized_output(node.output[0])
         attributes = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
         layer = QdqLayer(LAYER_OPS[node.op_type], layer_name(node.output[0]), [], output, relu=relu)
+        layer.relu_max = high
         if node.op_type in ("Conv", "Gemm"):
             layer.inputs = [quantized_input(node.input[0])]
             weight, w_scale, w_zp, axis = dequantized[node.input[1]]

@@ -24,7 +24,20 @@ from resnet8ptq.device.qdq import QdqLayer, is_layout_reshape, lower
 
 AFTER_LOGITS = {"softmax"}
 LAYER_TARGETS = {"conv2d", "linear", "add", "avg_pool2d", "max_pool2d"}
-NO_ARITHMETIC = {"pad", "relu", "permute", "reshape", "view", "flatten", "contiguous", "clone", "dropout"}
+CLAMPS = ("hardtanh", "clamp")
+"""A ReLU6 as the program holds it (onnx2torch turns ONNX's Clip into ``clamp``)."""
+NO_ARITHMETIC = {
+    "pad",
+    "relu",
+    *CLAMPS,
+    "permute",
+    "reshape",
+    "view",
+    "flatten",
+    "contiguous",
+    "clone",
+    "dropout",
+}
 """Ops read as part of a layer or carrying no arithmetic; any other op of the program is refused by name."""
 
 
@@ -46,6 +59,7 @@ def integer_model(path: Path) -> IntegerModel:
     pool_windows: dict[str, int] = {}
     convs: dict[str, QdqLayer] = {}  # conv/linear node -> its layer (output known once quantized or added)
     layers: list[QdqLayer] = []
+    clamps: dict[str, float] = {}  # layer node -> its ReLU6's upper bound
     input_name = ""
 
     def value(arg: object) -> np.ndarray:
@@ -61,9 +75,17 @@ def integer_model(path: Path) -> IntegerModel:
         return alias.get(name, name)
 
     def output_of(node: fx.Node) -> tuple[str, bool, fx.Node]:
-        """Follow a layer's float output through a ReLU to its quantize op: (its name, relu, last node)."""
+        """Follow a layer's float output through a ReLU (or a ReLU6: ``hardtanh``/``clamp`` from 0, its upper
+        bound kept in ``clamps``) to its quantize op: (its name, relu, last node)."""
         users = list(node.users)
-        relu = len(users) == 1 and _target(users[0]) == "relu"
+        relu = len(users) == 1 and _target(users[0]) in ("relu", *CLAMPS)
+        if relu and _target(users[0]) in CLAMPS:
+            low, high = [*users[0].args[1:3], None, None][:2]
+            if low not in (0, 0.0) or high is None:
+                raise ValueError(
+                    f"{users[0].name}: a clamp to ({low}, {high}) is not covered (ReLU6: from 0)."
+                )
+            clamps[node.name] = float(high)
         last = users[0] if relu else node
         (quantize,) = [user for user in last.users if qdq_op(user) == "quantize_per_tensor"] or [None]
         return (quantize.name if quantize is not None else ""), relu, last
@@ -130,7 +152,7 @@ def integer_model(path: Path) -> IntegerModel:
                 layer.stride = tuple(stride)
                 layer.padding = tuple(p + q for p, q in zip(padding, (ph, ph, pw, pw), strict=True))
             name, relu, _ = output_of(node)
-            layer.output, layer.relu = name, relu
+            layer.output, layer.relu, layer.relu_max = name, relu, clamps.get(node.name)
             convs[node.name] = layer
             layers.append(layer)
         elif target == "add":
@@ -142,11 +164,15 @@ def integer_model(path: Path) -> IntegerModel:
                 other = b if conv is a else a
                 layer = convs[conv.name]
                 layer.residual, layer.output, layer.relu = quantized(other), name, relu
+                layer.relu_max = clamps.get(node.name)
             else:
-                layers.append(QdqLayer("add", node.name, [quantized(a), quantized(b)], name, relu=relu))
+                layer = QdqLayer("add", node.name, [quantized(a), quantized(b)], name, relu=relu)
+                layer.relu_max = clamps.get(node.name)
+                layers.append(layer)
         elif target == "avg_pool2d":
             name, relu, _ = output_of(node)
             layer = QdqLayer("average_pool", node.name, [quantized(node.args[0])], name, relu=relu)
+            layer.relu_max = clamps.get(node.name)
             windows = int(np.prod(node.args[1]))
             layers.append(layer)
             pool_windows[layer.name] = windows
@@ -164,6 +190,7 @@ def integer_model(path: Path) -> IntegerModel:
             ph, pw = pool_padding
             name, relu, _ = output_of(node)
             layer = QdqLayer("max_pool", node.name, [quantized(node.args[0])], name, relu=relu)
+            layer.relu_max = clamps.get(node.name)
             layer.kernel, layer.stride, layer.padding = kernel, stride, (ph, ph, pw, pw)
             layers.append(layer)
         elif target in AFTER_LOGITS:
