@@ -114,7 +114,7 @@ TAGS = {
     "execution_reason": "which kernels ran, the two accuracies, the likely cause of a mismatch",
     "hardware.<field>": "the machine: cpu, isa, cores, kernel_path",
     "version.<library>": "each library's version",
-    "model": "the network (`model` group: resnet8, vww, kws, custom)",
+    "model": "the network (`model` group: resnet8, dscnn, vww, kws, custom)",
     "data": "the data set (`data` group: cifar10, npz)",
     "data.verified": "how the data was verified (CIFAR-10: md5 and layout; an .npz: its sha256)",
     "model.sha256": "the sha256 of the model file the run started from",
