@@ -34,8 +34,9 @@ ONNX_OPSET = 17
 # onnxruntime 1.31 refuses models whose IR version is newer than it knows; onnx >= 1.23 writes newer ones.
 MAX_IR_VERSION = 10
 # Bump when the conversion recipe changes, so that old cache entries are not reused.
-# 3: names independent of tf2onnx's counter; 4: BatchNorm scales in float64, initializers in name order
-RECIPE_VERSION = 4
+# 3: names independent of tf2onnx's counter; 4: BatchNorm scales in float64, initializers in name order;
+# 5: static Squeeze/Unsqueeze as Reshape (ResNet8's model is the same bytes as at 4)
+RECIPE_VERSION = 5
 
 
 @dataclass(frozen=True)
@@ -328,7 +329,9 @@ def static_reshapes(model):
     tf2onnx's flatten is either Shape -> Gather -> Concat, computed at run time, or a constant that
     TensorFlow's graph optimiser folded, named by tf2onnx's process-wide counter (``Reshape_shape__147`` in
     one conversion, ``__148`` in another). The canonical model is then the same bytes on every conversion,
-    and torch.export sees a static reshape."""
+    and torch.export sees a static reshape. A Squeeze or Unsqueeze of static output (Keras'
+    GlobalAveragePooling2D becomes GlobalAveragePool -> Squeeze) becomes such a Reshape too: onnx2torch reads
+    its axes at run time, which torch.export refuses as data-dependent."""
     import numpy as np
     import onnx
     from onnx import numpy_helper
@@ -338,12 +341,15 @@ def static_reshapes(model):
     for node in model.graph.node:
         dims = shapes.get(node.output[0], [])
         name = f"{node.output[0]}/static_shape"
-        if node.op_type != "Reshape" or node.input[1] == name or len(dims) < 2:
+        reshaping = node.op_type in ("Reshape", "Squeeze", "Unsqueeze")
+        if not reshaping or node.input[1:2] == [name] or len(dims) < 2:
             continue
         if all(dim.HasField("dim_value") for dim in dims[1:]):
             target = np.array([-1, *(dim.dim_value for dim in dims[1:])], dtype=np.int64)
             model.graph.initializer.append(numpy_helper.from_array(target, name))
-            node.input[1] = name
+            node.op_type = "Reshape"
+            node.input[:] = [node.input[0], name]
+            del node.attribute[:]  # a Squeeze's axes (opsets before 13)
     return _without_dead_nodes(model)
 
 

@@ -234,6 +234,21 @@ def test_data_the_network_cannot_take(run_cli, workdir: Path, case: str) -> None
     assert_recorded(runs, message)
 
 
+def test_an_operator_the_device_cannot_compute_is_refused_before_any_quantization(
+    run_cli, workdir: Path
+) -> None:
+    """A user's network with a GlobalAveragePool, on the integer device: refused naming the node once the
+    FP32 model is read, before it is quantized; the run FAILED with the reason."""
+    from tests.integration.test_networks import user_onnx
+
+    model = user_onnx(workdir / "user_net.onnx")
+    overrides = ["model=custom", f"model.path={model}", "device=integer"]
+    message = "device=integer cannot run model=custom: GlobalAveragePool"
+    runs = failed_cleanly(run_cli(workdir, *overrides), workdir, message)
+    assert_recorded(runs, message)
+    assert not list(workdir.rglob("model_quantized*"))
+
+
 def test_a_toolchain_that_cannot_take_the_network_fails_before_the_run(run_cli, tmp_path: Path) -> None:
     """TFLite's converter reads Keras models; KWS comes as a float .tflite: refused before any work."""
     result = run_cli(tmp_path, "model=kws", "backend=tflite", "data=npz", f"data.path={tmp_path / 'x.npz'}")

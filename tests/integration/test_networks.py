@@ -123,3 +123,58 @@ def test_the_converted_networks_compute_what_mlperfs_float_models_do(converted, 
     reference = litert(assets_dir / KWS_TFLITE, features)
     assert np.mean(kws.argmax(1) == reference.argmax(1)) >= 0.95
     assert np.abs(kws - reference).max() < 0.1
+
+
+def user_onnx(path: Path) -> Path:
+    """A user's own CIFAR-10-shaped ONNX network the tool has never seen (random weights): NHWC raw pixels ->
+    Transpose -> Conv -> Relu -> GlobalAveragePool -> Squeeze (axes as an input, as tf2onnx writes Keras'
+    GlobalAveragePooling2D) -> Gemm -> Softmax."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(5)
+    graph = helper.make_graph(
+        [
+            helper.make_node("Transpose", ["x"], ["nchw"], perm=[0, 3, 1, 2]),
+            helper.make_node("Conv", ["nchw", "w", "b"], ["conv"], pads=[1, 1, 1, 1]),
+            helper.make_node("Relu", ["conv"], ["relu"]),
+            helper.make_node("GlobalAveragePool", ["relu"], ["pooled"]),
+            helper.make_node("Squeeze", ["pooled", "axes"], ["features"]),
+            helper.make_node("Gemm", ["features", "fc", "fc_b"], ["logits"], transB=1),
+            helper.make_node("Softmax", ["logits"], ["probabilities"], axis=1),
+        ],
+        "user_net",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 32, 32, 3])],
+        [helper.make_tensor_value_info("probabilities", TensorProto.FLOAT, ["batch", 10])],
+        [
+            numpy_helper.from_array(rng.normal(0, 0.01, (8, 3, 3, 3)).astype(np.float32), "w"),
+            numpy_helper.from_array(np.zeros(8, np.float32), "b"),
+            numpy_helper.from_array(np.array([2, 3], np.int64), "axes"),
+            numpy_helper.from_array(rng.normal(0, 1, (10, 8)).astype(np.float32), "fc"),
+            numpy_helper.from_array(np.zeros(10, np.float32), "fc_b"),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, path)
+    return path
+
+
+def test_a_users_onnx_network_runs_in_onnx_runtime_and_pytorch(
+    run_cli, initialised_store: Path, tmp_path: Path
+) -> None:
+    """``model=custom model.path=FILE.onnx`` on CIFAR-10, no code changed: its Squeeze is made a static
+    Reshape, which torch.export takes (it refused the Squeeze's run-time axes as data-dependent)."""
+    model = user_onnx(tmp_path / "user_net.onnx")
+    client = sweep(
+        run_cli, tmp_path, initialised_store,
+        "-m", "model=custom", f"model.path={model}", "backend=onnx,torch", "dtype=int8",
+        "report.enabled=false", "layer_analysis=false", "mlflow.log_models=false",
+    )  # fmt: skip
+    quantized = runs(client, "true")
+    assert sorted(run.info.run_name for run in quantized) == [
+        "custom-onnx-int8-int8-minmax-pt",
+        "custom-torch-int8-int8-minmax-pt",
+    ]
+    assert all(run.info.status == "FINISHED" and run.data.tags["model"] == "custom" for run in quantized)
+    assert {"class_acc/airplane", "class_acc/truck"} <= set(quantized[0].data.metrics)  # named by the data

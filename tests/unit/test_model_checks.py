@@ -146,3 +146,33 @@ def test_weights_stored_in_int8_become_the_float_weights_they_define() -> None:
     assert [node.op_type for node in folded.graph.node] == ["Conv"]
     after = ort.InferenceSession(folded.SerializeToString()).run(None, {"input": images})[0]
     np.testing.assert_allclose(after, before, rtol=1e-6, atol=1e-6)
+
+
+def test_a_static_squeeze_becomes_a_reshape() -> None:
+    """Keras' GlobalAveragePooling2D converts to GlobalAveragePool -> Squeeze, whose axes onnx2torch reads at
+    run time (torch.export refuses that as data-dependent): with a static output it becomes a Reshape to
+    [-1, C], computing the same."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    from resnet8ptq.model import static_reshapes
+
+    graph = helper.make_graph(
+        [
+            helper.make_node("GlobalAveragePool", ["input"], ["pooled"]),
+            helper.make_node("Squeeze", ["pooled", "axes"], ["output"]),
+        ],
+        "g",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N", 4, 5, 5])],
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, ["N", 4])],
+        [numpy_helper.from_array(np.array([2, 3], np.int64), "axes")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    images = np.random.default_rng(0).random((3, 4, 5, 5), dtype=np.float32)
+    before = ort.InferenceSession(model.SerializeToString()).run(None, {"input": images})[0]
+    static = static_reshapes(model)
+    assert [node.op_type for node in static.graph.node] == ["GlobalAveragePool", "Reshape"]
+    assert [init.name for init in static.graph.initializer] == ["output/static_shape"]  # the axes dropped
+    after = ort.InferenceSession(static.SerializeToString()).run(None, {"input": images})[0]
+    np.testing.assert_array_equal(after, before)

@@ -1,0 +1,52 @@
+"""What the device computes, checked on the FP32 model before any quantization: a network with an operator
+the integer device has no integer form of (a ``Rescaling`` layer's Mul, a Squeeze left dynamic, a MatMul
+ORT did not fuse into a Gemm) is refused naming each such node, instead of after its quantization and
+evaluation, when a toolchain's reader meets it; on ``device=cim`` also a grouped (depthwise) convolution,
+which the crossbar does not map yet (issue 74). The readers (``backends/<name>/integer.py``) stay the
+authority on a quantized model; this is the same coverage seen from the canonical ONNX model all toolchains
+start from."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from resnet8ptq.errors import Unsupported
+
+LAYERS = {"Conv", "Gemm", "Add", "AveragePool", "MaxPool"}
+"""The FP32 operators the integer device computes as layers (conv, dense, add, pools)."""
+CARRIED = {"Relu", "Clip", "Reshape", "Flatten", "Transpose", "Softmax"}
+"""Operators read as part of a layer (a ReLU or ReLU6 clamp), carrying no arithmetic, or after the logits."""
+
+
+def uncovered(onnx_path: Path, crossbar: bool = False) -> list[str]:
+    """The nodes of the FP32 ONNX model at ``onnx_path`` the device does not compute, as ``op (name)``: any
+    operator outside :data:`LAYERS` and :data:`CARRIED`, a Clip not from 0, and with ``crossbar`` a grouped
+    convolution."""
+    import onnx
+    from onnx import numpy_helper
+
+    graph = onnx.load(onnx_path, load_external_data=False).graph
+    constants = {init.name: numpy_helper.to_array(init) for init in graph.initializer}
+    found = []
+    for node in graph.node:
+        attributes = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        if node.op_type not in LAYERS | CARRIED:
+            found.append(f"{node.op_type} ({node.name or node.output[0]})")
+        elif node.op_type == "Clip" and float(constants.get([*node.input, ""][1], 1.0)) != 0.0:
+            found.append(f"Clip not from 0 ({node.name or node.output[0]})")
+        elif crossbar and node.op_type == "Conv" and attributes.get("group", 1) > 1:
+            found.append(f"grouped Conv, {attributes['group']} groups ({node.name or node.output[0]})")
+    return found
+
+
+def check_coverage(onnx_path: Path, kind: str, model: str) -> None:
+    """Refuse, before any work, a network the ``kind`` device (``integer``, ``cim``) cannot compute."""
+    found = uncovered(onnx_path, crossbar=kind == "cim")
+    if found:
+        shown = ", ".join(found[:8]) + (f" and {len(found) - 8} more" if len(found) > 8 else "")
+        raise Unsupported(
+            f"device={kind} cannot run {model}: {shown}. The integer device computes Conv (grouped: "
+            "device=integer only), Gemm, Add, AveragePool and MaxPool, with ReLU or ReLU6 after a layer; "
+            "fold other arithmetic into the model's layers (e.g. a Rescaling into the data), or set "
+            "device=none."
+        )

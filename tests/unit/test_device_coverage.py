@@ -1,0 +1,64 @@
+"""What the device computes, read from the FP32 model before any work: every operator it has no integer form
+of is named; on a crossbar, grouped convolutions too."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from resnet8ptq.device.coverage import check_coverage, uncovered
+from resnet8ptq.errors import Unsupported
+
+
+def network(path: Path, first: str = "Relu", clip_low: float = 0.0) -> Path:
+    """input -> ``first`` (Relu, Mul by a constant, or Clip from ``clip_low`` to 6) -> depthwise Conv -> Relu
+    -> GlobalAveragePool (not covered) -> Flatten -> Gemm."""
+    rng = np.random.default_rng(0)
+    nodes = {
+        "Relu": helper.make_node("Relu", ["input"], ["a"], name="first"),
+        "Mul": helper.make_node("Mul", ["input", "scale"], ["a"], name="rescale"),
+        "Clip": helper.make_node("Clip", ["input", "low", "six"], ["a"], name="clip"),
+    }
+    graph = helper.make_graph(
+        [
+            nodes[first],
+            helper.make_node("Conv", ["a", "w"], ["b"], name="dw", group=4, pads=[1, 1, 1, 1]),
+            helper.make_node("Relu", ["b"], ["c"]),
+            helper.make_node("GlobalAveragePool", ["c"], ["d"], name="gap"),
+            helper.make_node("Flatten", ["d"], ["e"]),
+            helper.make_node("Gemm", ["e", "fc", "bias"], ["output"], transB=1),
+        ],
+        "g",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N", 4, 8, 8])],
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, ["N", 3])],
+        [
+            numpy_helper.from_array(np.float32(1 / 255), "scale"),
+            numpy_helper.from_array(np.float32(clip_low), "low"),
+            numpy_helper.from_array(np.float32(6), "six"),
+            numpy_helper.from_array(rng.random((4, 1, 3, 3), dtype=np.float32), "w"),
+            numpy_helper.from_array(rng.random((3, 4), dtype=np.float32), "fc"),
+            numpy_helper.from_array(np.zeros(3, np.float32), "bias"),
+        ],
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+def test_every_uncovered_operator_is_named(tmp_path: Path) -> None:
+    assert uncovered(network(tmp_path / "a.onnx")) == ["GlobalAveragePool (gap)"]
+    assert uncovered(network(tmp_path / "b.onnx", "Mul"))[0] == "Mul (rescale)"
+    assert uncovered(network(tmp_path / "c.onnx", "Clip")) == ["GlobalAveragePool (gap)"]  # ReLU6: covered
+    assert uncovered(network(tmp_path / "d.onnx", "Clip", -1.0))[0] == "Clip not from 0 (clip)"
+    assert uncovered(network(tmp_path / "e.onnx"), crossbar=True) == [
+        "grouped Conv, 4 groups (dw)",
+        "GlobalAveragePool (gap)",
+    ]
+
+
+def test_a_network_with_an_uncovered_operator_is_refused_naming_it(tmp_path: Path) -> None:
+    with pytest.raises(Unsupported, match=r"device=integer cannot run model=x: Mul \(rescale\), Global"):
+        check_coverage(network(tmp_path / "b.onnx", "Mul"), "integer", "model=x")
