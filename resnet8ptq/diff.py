@@ -143,7 +143,9 @@ def _predictions_detail(artifact: str, column: str) -> Callable[[Side, Side], st
         differ = first[column].to_numpy() != second[column].to_numpy()
         labels = first["label"].to_numpy()
         classes = np.bincount(labels[differ], minlength=len(CLASS_NAMES))
-        named = ", ".join(f"{CLASS_NAMES[c]} {classes[c]}" for c in np.argsort(-classes)[:3] if classes[c])
+        cifar10 = a.tags.get("data", "cifar10") == "cifar10"  # other data: classes by their label
+        names = CLASS_NAMES if cifar10 else tuple(f"class {c}" for c in range(len(classes)))
+        named = ", ".join(f"{names[c]} {classes[c]}" for c in np.argsort(-classes)[:3] if classes[c])
         right_a = int((first[column].to_numpy() == labels).sum())
         right_b = int((second[column].to_numpy() == labels).sum())
         return (

@@ -18,7 +18,7 @@ LABELS = np.arange(100) % 10
 
 
 def logged_run(
-    tmp_path: Path, store: str, ranges: list[TensorRange], predicted: np.ndarray
+    tmp_path: Path, store: str, ranges: list[TensorRange], predicted: np.ndarray, data: str | None = None
 ) -> tuple[str, str]:
     """A run as a quantized run records it: settings, versions, hardware, digests and the two tables."""
     uri = f"sqlite:///{tmp_path / store}.db"
@@ -39,6 +39,7 @@ def logged_run(
         "digest.calibration_ranges": ranges_digest(ranges),
         "digest.model": "model-" + ranges_digest(ranges)[:6],
         "digest.predictions": predictions_digest(predicted),
+        **({"data": data} if data else {}),
     }
     for key, value in tags.items():
         client.set_tag(run_id, key, value)
@@ -146,3 +147,14 @@ def test_the_explorer_shows_where_two_runs_of_one_store_part(two_stores) -> None
     assert parted.iloc[0]["stage"] == "calibration ranges"
     assert "conv1 [-3.5, 6.25] vs [-3.5, 6.3]" in parted.iloc[0]["difference"]
     assert (where_runs_part(uri, run_a, run_a)["difference"] == "same").all()
+
+
+def test_other_datas_classes_are_named_by_their_label(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """A user's data (data=npz) has no CIFAR-10 names: the images that moved are counted by label."""
+    ranges = [TensorRange("input", 0.0, 1.0)]
+    moved = LABELS.copy()
+    moved[[3, 13, 40]] = [4, 4, 1]
+    uri_a, run_a = logged_run(tmp_path, "a", ranges, LABELS.copy(), data="npz")
+    uri_b, run_b = logged_run(tmp_path, "b", ranges, moved, data="npz")
+    diff.main([run_a, run_b, "--tracking-uri", uri_a, "--tracking-uri-b", uri_b])
+    assert "3 of 100 images predicted differently (most in class 3 2, class 0 1)" in capsys.readouterr().out
