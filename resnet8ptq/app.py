@@ -57,6 +57,14 @@ class RunFailed(CompactHydraException):
     """A known failure (settings, data, model, tracking store, disk): printed as its message, no traceback."""
 
 
+def job_tag(job: str) -> str:
+    """A job's overrides as the name of a tag on the sweep run: characters MLflow refuses made ``_``, and no
+    empty, ``.`` or ``..`` path segment, which MLflow also refuses in a name (a tracking URI's ``sqlite:////``
+    had failed the skipped job's tag, and with it the sweep)."""
+    name = re.sub(r"[^\w\-.:/]", "_", job.replace("=", "-"))
+    return "/".join(part for part in name.split("/") if part not in ("", ".", ".."))[:200]
+
+
 def task(cfg: DictConfig) -> float | list[float] | None:
     """One job: the pipeline on this configuration (with ``target.max_drop_points``, the mixed-precision steps
     to that target); returns the run's ``search.objectives`` as it logged them (one: a float, what a sweeper
@@ -97,7 +105,7 @@ def task(cfg: DictConfig) -> float | list[float] | None:
             raise failure from err
         job = " ".join(hydra_cfg.overrides.task)
         log.warning("Skipped %s: %s", job, err)
-        tag_sweep_unsupported(re.sub(r"[^\w\-.:/]", "_", job.replace("=", "-"))[:200], str(err))
+        tag_sweep_unsupported(job_tag(job), str(err))
         record_trial(f"{REFUSED}{err}")
         return None
     except (*KNOWN_ERRORS, TargetNotReached) as err:  # the run is FAILED (or the target missed), recorded

@@ -215,21 +215,49 @@ def generate(out: Path, shape: tuple[int, ...], classes: int, test: int, calibra
     return out
 
 
+def model_shape(model: str, overrides: list[str]) -> tuple[tuple[int, ...], int]:
+    """The per-sample input shape and the number of classes of the `model` group's choice ``model`` (with
+    Hydra ``overrides``, e.g. ``model.path=...``), read from its canonical ONNX model (converted, and cached,
+    as a run would)."""
+    from hydra import compose, initialize_config_dir
+
+    from resnet8ptq.model import model_io
+    from resnet8ptq.resolve import fp32_model
+
+    conf = Path(__file__).resolve().parents[1] / "conf"
+    with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
+        cfg = compose("config", overrides=[f"model={model}", *overrides])
+    shape, classes = model_io(fp32_model(cfg.model, Path(cfg.cache_dir)))
+    if None in shape:
+        raise DataError(f"model={model} takes inputs of a free shape {shape}; give --shape.")
+    return tuple(shape), classes
+
+
 def main(argv: list[str] | None = None) -> None:
-    """``python -m resnet8ptq.datasets generate --shape 96,96,3 --classes 2 OUT.npz``."""
+    """``python -m resnet8ptq.datasets generate --model vww`` (writes vww.npz) or ``--shape 96,96,3
+    --classes 2 OUT.npz``."""
     parser = argparse.ArgumentParser(prog="python -m resnet8ptq.datasets", description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     make = commands.add_parser("generate", help="write an .npz of generated inputs of a model's shape")
-    make.add_argument("out", type=Path, help="the .npz file to write")
-    make.add_argument("--shape", required=True, help="one input's shape, e.g. 96,96,3 (VWW), 49,10,1 (KWS)")
-    make.add_argument("--classes", type=int, required=True, help="the model's number of classes")
+    make.add_argument("out", type=Path, nargs="?", help="the .npz file to write (default: <model>.npz)")
+    make.add_argument("--model", help="a `model` group choice (vww, kws, ...): its shape and classes")
+    make.add_argument("--shape", help="one input's shape, e.g. 96,96,3 (VWW), 49,10,1 (KWS)")
+    make.add_argument("--classes", type=int, help="the model's number of classes")
     make.add_argument("--test", type=int, default=500, help="test inputs (default 500)")
     make.add_argument("--calibration", type=int, default=200, help="calibration inputs (default 200)")
     make.add_argument("--seed", type=int, default=0)
+    what = "a setting of the model, e.g. model.path=my_net.h5 (with --model custom)"
+    make.add_argument("--override", action="append", default=[], metavar="KEY=VALUE", help=what)
     args = parser.parse_args(argv)
-    shape = tuple(int(d) for d in args.shape.split(","))
-    written = generate(args.out, shape, args.classes, args.test, args.calibration, args.seed)
-    print(f"wrote {written}: data=npz data.path={written}")
+    if args.model is not None:
+        shape, classes = model_shape(args.model, args.override)
+        out = args.out or Path(f"{args.model}.npz")
+    elif args.shape and args.classes and args.out:
+        shape, classes, out = tuple(int(d) for d in args.shape.split(",")), args.classes, args.out
+    else:
+        parser.error("give --model NAME, or OUT with --shape and --classes")
+    written = generate(out, shape, classes, args.test, args.calibration, args.seed)
+    print(f"wrote {written}: model={args.model or 'custom'} data=npz data.path={written}")
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ from resnet8ptq.backends.base import KERAS_SOURCE, Backend
 from resnet8ptq.components.config import ComponentsConfig
 from resnet8ptq.config import quant_spec
 from resnet8ptq.device.config import DeviceConfig, learned_settings
-from resnet8ptq.errors import ConfigError, ModelError
+from resnet8ptq.errors import ConfigError, ModelError, Unsupported
 from resnet8ptq.fetch import sha256_of
 from resnet8ptq.layers import check_layer_bits, check_raised
 from resnet8ptq.mcu.config import McuConfig, mcu_settings
@@ -118,10 +118,11 @@ def resolve(cfg: DictConfig, extra_tags: Mapping[str, str] | None, shared: Share
 
 def check_source(model: DictConfig, backend: Backend) -> None:
     """Refuse a backend whose converter reads Keras models (:attr:`Backend.SOURCE`) a model of another format,
-    by the file's suffix (:mod:`resnet8ptq.model_formats`)."""
+    by the file's suffix (:mod:`resnet8ptq.model_formats`): ``Unsupported``, so that a sweep over networks and
+    toolchains skips that pair and goes on, as it does a configuration a backend cannot make."""
     name = model.path or model.asset
     if backend.SOURCE == KERAS_SOURCE and name and Path(name).suffix.lower() not in KERAS_SUFFIXES:
-        raise ConfigError(
+        raise Unsupported(
             f"backend={backend.NAME} converts Keras models (.h5, .keras) with its own converter; "
             f"model={model.name} is {Path(name).name}. Give the model's Keras file (model.path=...), or "
             "choose backend=onnx or backend=torch."
