@@ -48,11 +48,6 @@ class CanonicalModel:
     source_sha256: str
     converted_now: bool
 
-    @property
-    def source_format(self) -> str:
-        """The source file's format (:data:`resnet8ptq.model_formats.FORMATS`)."""
-        return model_format(self.source_path)
-
 
 def resolve_source(
     path: str | Path | None,
