@@ -26,6 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 from resnet8ptq import hardware
 from resnet8ptq.config import ReportConfig
 from resnet8ptq.errors import ConfigError, DataError, ModelError, TrackingError, Unsupported
+from resnet8ptq.metrics import metric
 from resnet8ptq.search.objectives import (
     REFUSED,
     SearchConfig,
@@ -95,7 +96,8 @@ def task(cfg: DictConfig) -> float | list[float] | None:
             run_id = reach_target(cfg, output_dir, run)
         else:
             run_id = run(cfg, output_dir)
-        values = objective_values(MlflowClient().get_run(run_id).data.metrics, objectives, run_id)
+        key = metric(cfg.model.metric).key
+        values = objective_values(MlflowClient().get_run(run_id).data.metrics, objectives, run_id, key)
         record_trial(run_id)
         return values[0] if len(values) == 1 else values
     except Unsupported as err:  # a sweep goes on without it; a single run fails

@@ -12,7 +12,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from resnet8ptq.drawing import Drawing, draw
 from resnet8ptq.evaluate import Evaluation
-from resnet8ptq.plots import class_accuracy_png, confusion_matrix_png, layer_sqnr_png
+from resnet8ptq.metrics import roc_points
+from resnet8ptq.plots import class_accuracy_png, confusion_matrix_png, layer_sqnr_png, roc_curve_png
 from resnet8ptq.spec import LayerError, LayerPrecision, TensorRange
 
 EVALUATION_DIR = "evaluation"
@@ -30,7 +31,10 @@ def evaluation_files(
     baseline: Evaluation | None = None,
 ) -> list[Artifact]:
     """Write the predictions, confusion matrix and per-class accuracy (CSV + PNG) into out_dir, the classes
-    named ``class_names``; return (artifact dir, file) pairs."""
+    named ``class_names`` (a model scored otherwise: its scores and ROC curve, :func:`score_files`); return
+    (artifact dir, file) pairs."""
+    if not evaluation.metric.per_class:
+        return score_files(evaluation, out_dir, title, baseline)
     out_dir.mkdir(parents=True, exist_ok=True)
     predictions = out_dir / PREDICTIONS_FILE
     pd.DataFrame({"label": evaluation.labels, "predicted": evaluation.predictions}).rename_axis(
@@ -73,6 +77,23 @@ def evaluation_files(
             ),
         ),
     ]
+
+
+def score_files(
+    evaluation: Evaluation, out_dir: Path, title: str, baseline: Evaluation | None = None
+) -> list[Artifact]:
+    """An autoencoder's anomaly scores (``predictions.csv``: sample, label, score) and its ROC curve beside
+    the FP32 model's (``roc_curve.png``)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    scores = out_dir / PREDICTIONS_FILE
+    pd.DataFrame({"label": evaluation.labels, "score": evaluation.predictions}).rename_axis("image").to_csv(
+        scores
+    )
+    curves = {"this run": roc_points(evaluation.predictions, evaluation.labels)}
+    if baseline is not None:
+        curves["FP32"] = roc_points(baseline.predictions, baseline.labels)
+    png = draw(roc_curve_png, curves, out_dir / "roc_curve.png", f"{title}: ROC, AUC {evaluation.value:.4f}")
+    return [(EVALUATION_DIR, scores), (EVALUATION_DIR, png)]
 
 
 def layer_error_files(layer_errors: list[LayerError], out_dir: Path, title: str) -> list[Artifact]:

@@ -69,3 +69,62 @@ def float64_batchnorm(tf: Any) -> Iterator[None]:
         yield
     finally:
         tf.nn.batch_normalization = original
+
+
+def fold_into_dense(model):
+    """Fold each BatchNormalization that follows a dense layer into it: a Gemm (constant weights and bias)
+    whose output only a ``Mul`` by a constant vector reads, whose output only an ``Add`` of one reads, becomes
+    one Gemm with ``W * scale`` and ``bias * scale + shift`` (float32, IEEE-rounded alike on every CPU).
+    ORT's optimiser folds a BatchNorm into a convolution (``ConvMulFusion``, ``ConvAddFusion``) but has no
+    such fusion for a Gemm, so without this a Keras ``Dense -> BatchNormalization`` (MLPerf Tiny's anomaly
+    detection autoencoder) keeps a float Mul and Add that neither the integer device nor a crossbar
+    computes."""
+    from onnx import helper, numpy_helper
+
+    graph = model.graph
+    constants = {tensor.name: tensor for tensor in graph.initializer}
+    readers: dict[str, list] = {}
+    for node in graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+
+    def vector_operand(node, op_type: str, features: int) -> tuple[str, np.ndarray] | None:
+        """The node's other (constant, per-feature) operand, where it is an ``op_type`` with one."""
+        if node.op_type != op_type:
+            return None
+        for name in node.input:
+            if name in constants:
+                value = numpy_helper.to_array(constants[name])
+                if value.size == features and value.ndim <= 2:
+                    return name, value.reshape(-1).astype(np.float32)
+        return None
+
+    for gemm in [node for node in graph.node if node.op_type == "Gemm"]:
+        attributes = {a.name: helper.get_attribute_value(a) for a in gemm.attribute}
+        if attributes.get("transA", 0) or len(gemm.input) < 3 or not set(gemm.input[1:]) <= set(constants):
+            continue
+        if any(len(readers[name]) != 1 for name in gemm.input[1:]):  # weights another node reads too
+            continue
+        weight = numpy_helper.to_array(constants[gemm.input[1]]).astype(np.float32)
+        bias = numpy_helper.to_array(constants[gemm.input[2]]).astype(np.float32)
+        transposed = attributes.get("transB", 0)
+        features = weight.shape[0 if transposed else 1]
+        if bias.size != features or attributes.get("alpha", 1.0) != 1.0 or attributes.get("beta", 1.0) != 1.0:
+            continue
+        after = readers.get(gemm.output[0], [])
+        scale = vector_operand(after[0], "Mul", features) if len(after) == 1 else None
+        shifted = readers.get(after[0].output[0], []) if scale else []
+        shift = vector_operand(shifted[0], "Add", features) if len(shifted) == 1 else None
+        if shift is None:
+            continue
+        mul, add = after[0], shifted[0]
+        scaled = weight * (scale[1][:, None] if transposed else scale[1][None, :])
+        for name, value in ((gemm.input[1], scaled), (gemm.input[2], bias.reshape(-1) * scale[1] + shift[1])):
+            constants[name].CopyFrom(numpy_helper.from_array(value.astype(np.float32), name))
+        gemm.output[0] = add.output[0]
+        graph.node.remove(mul)
+        graph.node.remove(add)
+    read = {name for node in graph.node for name in node.input}
+    for constant in [tensor for tensor in graph.initializer if tensor.name not in read]:
+        graph.initializer.remove(constant)  # the BatchNorms' scales and shifts
+    return model

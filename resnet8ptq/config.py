@@ -61,7 +61,8 @@ class ModelConfig:
     asset: str | None = MODEL_FILENAME  # the published file under $RESNET8PTQ_ASSETS/models/ and the cache's
     url: str | None = MODEL_URL  # where the published file is downloaded from when no copy is found
     classes: list[str] = field(default_factory=lambda: list(CLASS_NAMES))  # label order; []: the data's
-    quality_target: float | None = 0.85  # MLPerf Tiny's closed-division target (top-1 as a fraction)
+    metric: str = "top1"  # how its outputs are scored (resnet8ptq/metrics.py): top1, or auc (an autoencoder)
+    quality_target: float | None = 0.85  # MLPerf Tiny's closed-division target, in the metric's units
     published_reference: bool = True  # also evaluate MLPerf Tiny's own int8 model of it (TFLite backend)
 
 

@@ -31,6 +31,7 @@ from resnet8ptq.data import (
 )
 from resnet8ptq.errors import DataError
 from resnet8ptq.fetch import sha256_of
+from resnet8ptq.metrics import Metric, metric
 
 NPZ_KEYS = ("calibration_inputs", "test_inputs", "test_labels")
 """The arrays a data set's ``.npz`` must hold; ``class_names`` may be there too."""
@@ -161,9 +162,16 @@ def read_only(array: np.ndarray) -> np.ndarray:
     return array
 
 
-def check_fits(dataset: Dataset, input_shape: tuple[int | None, ...], classes: int, model: str) -> None:
+def check_fits(
+    dataset: Dataset,
+    input_shape: tuple[int | None, ...],
+    output_shape: tuple[int, ...],
+    metric: Metric,
+    model: str,
+) -> None:
     """Refuse, naming both, data whose inputs the model cannot take (``input_shape``: the model's per-sample
-    shape, None where free) or whose labels lie beyond its ``classes`` outputs."""
+    shape, None where free) or whose labels its ``metric`` cannot score against outputs of
+    ``output_shape``."""
     shape = dataset.test_inputs.shape[1:]
     fits = len(shape) == len(input_shape) and all(
         d in (None, s) for d, s in zip(input_shape, shape, strict=True)
@@ -175,26 +183,24 @@ def check_fits(dataset: Dataset, input_shape: tuple[int | None, ...], classes: i
             f"gives (N, {', '.join(map(str, shape))}). Choose the model's data (data=npz data.path=FILE; "
             "`python -m resnet8ptq.datasets generate` writes arrays of a model's shape)."
         )
-    top = int(dataset.test_labels.max()) if dataset.test_labels.size else -1
-    if top >= classes:
-        raise DataError(
-            f"{model}: the model has {classes} outputs (classes 0..{classes - 1}); data={dataset.name} "
-            f"({dataset.source}) has test labels up to {top}."
-        )
+    refused = metric.check(tuple(shape), output_shape, dataset.test_labels, model)
+    if refused:
+        raise DataError(f"{refused} (data={dataset.name}, {dataset.source}).")
+    classes = metric.classes(output_shape)
     if dataset.class_names and len(dataset.class_names) != classes:
         raise DataError(
-            f"{model}: the model has {classes} outputs; data={dataset.name} names {len(dataset.class_names)} "
-            f"classes ({', '.join(dataset.class_names)})."
+            f"{model}: its labels have {classes} classes; data={dataset.name} names "
+            f"{len(dataset.class_names)} ({', '.join(dataset.class_names)})."
         )
 
 
 def class_names(configured: list[str] | tuple[str, ...], dataset: Dataset, classes: int, model: str) -> tuple:
     """The classes' names: the model's (``model.classes``), else the data's, else ``0`` .. ``K-1``; refused
-    unless there are as many as the model's ``classes`` outputs."""
+    unless there are as many as the labels' ``classes`` (a classifier's outputs)."""
     names = tuple(configured) or dataset.class_names or tuple(str(k) for k in range(classes))
     if len(names) != classes:
         raise DataError(
-            f"{model}: the model has {classes} outputs; model.classes names {len(names)} "
+            f"{model}: its labels have {classes} classes; model.classes names {len(names)} "
             f"({', '.join(names)}). Set model.classes to its {classes} classes in label order, or [] ."
         )
     return names
@@ -227,10 +233,10 @@ def model_shape(model: str, overrides: list[str]) -> tuple[tuple[int, ...], int]
     conf = Path(__file__).resolve().parents[1] / "conf"
     with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
         cfg = compose("config", overrides=[f"model={model}", *overrides])
-    shape, classes = model_io(fp32_model(cfg.model, Path(cfg.cache_dir)))
+    shape, outputs = model_io(fp32_model(cfg.model, Path(cfg.cache_dir)))
     if None in shape:
         raise DataError(f"model={model} takes inputs of a free shape {shape}; give --shape.")
-    return tuple(shape), classes
+    return tuple(shape), metric(cfg.model.metric).classes(outputs)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -57,8 +57,10 @@ def ranges_digest(ranges: Iterable[TensorRange]) -> str:
 
 
 def predictions_digest(predictions: np.ndarray) -> str:
-    """The predicted labels, in test-set order."""
-    return _hex(hashlib.sha256(np.asarray(predictions).astype("<i2").tobytes()))
+    """The per-sample predictions in test-set order: predicted labels (as int16), or anomaly scores (as
+    float32)."""
+    array = np.asarray(predictions)
+    return _hex(hashlib.sha256(array.astype("<i2" if array.dtype.kind in "iub" else "<f4").tobytes()))
 
 
 def model_digest(path: Path) -> str:

@@ -1,5 +1,5 @@
-"""Accuracy (overall, per class, confusion matrix) on the full test set, throughput from the same pass, and
-single-image latency."""
+"""A model scored on the full test set by its metric (:mod:`resnet8ptq.metrics`: top-1 accuracy, per class
+and as a confusion matrix; an autoencoder's AUC), throughput from the same pass, and single-image latency."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import numpy as np
 from tqdm import tqdm
 
 from resnet8ptq.backends.base import Model, Predictor
+from resnet8ptq.metrics import TOP1, Metric
 
 EVAL_BATCH = 500
 LATENCY_RUNS = 100
@@ -19,17 +20,37 @@ LATENCY_WARMUP = 10
 
 
 @dataclass(frozen=True)
-class Evaluation:
-    """What a model got right on the test set, and how long it took."""
+class TestSet:
+    """The test inputs as the model takes them, their labels, and how the model's outputs are scored."""
 
-    predictions: np.ndarray  # (N,) predicted labels
+    inputs: np.ndarray
+    labels: np.ndarray
+    metric: Metric = TOP1
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """How a model did on the test set, and how long it took."""
+
+    predictions: np.ndarray  # (N,) per sample (Metric.per_sample): the predicted label, the anomaly score
     labels: np.ndarray  # (N,) true labels
-    probabilities: np.ndarray  # (N, classes)
+    probabilities: np.ndarray  # (N, ...) the model's outputs (a classifier's: its classes' probabilities)
     eval_seconds: float  # the timed pass, after the warm-up batch
+    metric: Metric = TOP1
+
+    @property
+    def value(self) -> float:
+        """The metric's value, a fraction in [0, 1] (top-1 accuracy, AUC)."""
+        return self.metric.value(self.predictions, self.labels)
+
+    @property
+    def interval(self) -> tuple[float, float]:
+        """The value's 95 % confidence interval."""
+        return self.metric.interval(self.predictions, self.labels)
 
     @property
     def num_classes(self) -> int:
-        """The model's number of classes (its outputs)."""
+        """The classifier's number of classes (its outputs)."""
         return self.probabilities.shape[1]
 
     @property
@@ -38,8 +59,10 @@ class Evaluation:
 
     @property
     def accuracy(self) -> float:
-        """Top-1 accuracy as a fraction in [0, 1]."""
-        return self.correct / len(self.labels)
+        """Top-1 accuracy as a fraction in [0, 1]: a classifier's :attr:`value`."""
+        if self.metric is not TOP1:
+            raise ValueError(f"a model scored by {self.metric.title} has no top-1 accuracy")
+        return self.value
 
     @property
     def confusion(self) -> np.ndarray:
@@ -74,19 +97,24 @@ def subset_accuracy(predictions: np.ndarray, labels: np.ndarray, indices: np.nda
     return float(np.mean(predictions[indices] == labels[indices]))
 
 
-def evaluate(
-    predict: Predictor, images: np.ndarray, labels: np.ndarray, desc: str = "Evaluating"
-) -> Evaluation:
-    """Run ``predict`` over all ``images`` in batches of ``EVAL_BATCH``, after one untimed warm-up batch (lazy
-    initialisation, first-call allocations), so that the pass also measures throughput."""
+def evaluate(predict: Predictor, test: TestSet, desc: str = "Evaluating") -> Evaluation:
+    """Run ``predict`` over all the ``test`` inputs in batches of ``EVAL_BATCH``, after one untimed warm-up
+    batch (lazy initialisation, first-call allocations), so that the pass also measures throughput."""
+    images = test.inputs
     predict(images[:EVAL_BATCH])
     probabilities = []
     start = time.perf_counter()
     for begin in tqdm(range(0, len(images), EVAL_BATCH), desc=desc, unit="batch", leave=False):
         probabilities.append(np.asarray(predict(images[begin : begin + EVAL_BATCH])))
     seconds = time.perf_counter() - start
-    probs = np.concatenate(probabilities)
-    return Evaluation(probs.argmax(axis=1), np.asarray(labels), probs, seconds)
+    outputs = np.concatenate(probabilities)
+    return scored(outputs, test, seconds)
+
+
+def scored(outputs: np.ndarray, test: TestSet, seconds: float) -> Evaluation:
+    """The evaluation of a model whose outputs on the ``test`` inputs are ``outputs``."""
+    per_sample = test.metric.per_sample(outputs, test.inputs)
+    return Evaluation(per_sample, np.asarray(test.labels), outputs, seconds, test.metric)
 
 
 @dataclass(frozen=True)
@@ -123,9 +151,9 @@ class Measured:
     reused: bool = False
 
 
-Kept = Callable[[Path, Mapping[str, object], np.ndarray, np.ndarray, Callable[[], Measured]], Measured]
-"""Where measurements are kept: called with the model's file, its forms, the test images and labels, and how
-to measure, it returns an earlier run's measurement of them or measures and keeps it
+Kept = Callable[[Path, Mapping[str, object], TestSet, Callable[[], Measured]], Measured]
+"""Where measurements are kept: called with the model's file, its forms, the test set, and how to measure,
+it returns an earlier run's measurement of them or measures and keeps it
 (:meth:`resnet8ptq.evaluation_cache.EvaluationCache.measured`)."""
 
 
@@ -139,15 +167,13 @@ class Baseline:
     reused: bool = False  # the evaluation came from an earlier run's
 
 
-def evaluate_baseline(
-    model: Model, images: np.ndarray, labels: np.ndarray, name: str, kept: Kept | None = None
-) -> Baseline:
-    """The FP32 model's accuracy, throughput and latency on the test set (or an earlier run's, from ``kept``;
+def evaluate_baseline(model: Model, test: TestSet, name: str, kept: Kept | None = None) -> Baseline:
+    """The FP32 model's score, throughput and latency on the test set (or an earlier run's, from ``kept``;
     None: measured, nothing kept)."""
 
     def measure() -> Measured:
-        evaluation = evaluate(model.predict, images, labels, desc=f"Evaluating {name}")
-        return Measured((evaluation,), measure_latency(model.predict, images))
+        evaluation = evaluate(model.predict, test, desc=f"Evaluating {name}")
+        return Measured((evaluation,), measure_latency(model.predict, test.inputs))
 
-    found = measure() if kept is None else kept(model.path, {"fp32": True}, images, labels, measure)
+    found = measure() if kept is None else kept(model.path, {"fp32": True}, test, measure)
     return Baseline(model, found.evaluations[0], found.latency_ms_b1, found.reused)

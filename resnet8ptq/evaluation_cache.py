@@ -10,8 +10,8 @@ the runtime form, whether they are one program), the backend, its ``native`` set
 set (the content digest the run logs with its MLflow dataset, and the arrays' shapes and types), the
 backend's library versions, this package's source, and the machine as a run
 records it (CPU, ISA, cores, kernel-path variables): a timing measured on another CPU is never reused. An
-entry holds each form's class probabilities exactly (``.npy``), its timed pass's seconds and the
-single-image latency; the predictions, accuracy and everything derived are recomputed from them, and the
+entry holds each form's outputs exactly (``.npy``), its timed pass's seconds and the single-image
+latency; the predictions, the metric's value and everything derived are recomputed from them, and the
 verdict from the run's own ``native_tolerance_points``. A run that reads an entry logs the seconds and
 speed measured then and the tag ``eval.reused=true``. Delete ``cache_dir/eval`` to evaluate again.
 """
@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from resnet8ptq import disk_cache
-from resnet8ptq.evaluate import Evaluation, Measured
+from resnet8ptq.evaluate import Measured, TestSet, scored
 
 if TYPE_CHECKING:
     from resnet8ptq.backends.base import Backend
@@ -63,19 +63,16 @@ class EvaluationCache:
         }
         return cls(Path(cache_dir) / CACHE_SUBDIR, settings)
 
-    def key(
-        self, model_path: Path, forms: Mapping[str, object], images: np.ndarray, labels: np.ndarray
-    ) -> str:
-        """The entry of the model at ``model_path`` with these ``forms`` on ``images`` and ``labels``: the
-        test set whose digest the cache was made with (their shapes and types go into the key too)."""
+    def key(self, model_path: Path, forms: Mapping[str, object], test: TestSet) -> str:
+        """The entry of the model at ``model_path`` with these ``forms`` on the ``test`` set: the test set
+        whose digest the cache was made with (its arrays' shapes and types go into the key too)."""
         from resnet8ptq.digests import model_digest
 
-        labels = np.asarray(labels)
         parts = {
             **self.settings,
             "model": model_digest(model_path),
             "forms": dict(forms),
-            "arrays": [[list(a.shape), str(a.dtype)] for a in (images, labels)],
+            "arrays": [[list(a.shape), str(a.dtype)] for a in (test.inputs, np.asarray(test.labels))],
         }
         return disk_cache.key(parts, ("numpy",))
 
@@ -83,16 +80,15 @@ class EvaluationCache:
         self,
         model_path: Path,
         forms: Mapping[str, object],
-        images: np.ndarray,
-        labels: np.ndarray,
+        test: TestSet,
         measure: Callable[[], Measured],
     ) -> Measured:
         """``measure()``, or what an earlier run's ``measure()`` of the same key stored. A job that needs an
         entry another process is measuring waits for it (a file lock per key): the two would contend for
         the same cores anyway."""
-        entry_key = self.key(model_path, forms, images, labels)
+        entry_key = self.key(model_path, forms, test)
         with disk_cache.computing(self.root, entry_key):
-            found = _load(self.root / entry_key, np.asarray(labels))
+            found = _load(self.root / entry_key, test)
             if found is not None:
                 return found
             result = measure()
@@ -110,7 +106,7 @@ def _write(directory: Path, measured: Measured) -> None:
     (directory / RECORD_FILE).write_text(json.dumps(record))
 
 
-def _load(entry: Path, labels: np.ndarray) -> Measured | None:
+def _load(entry: Path, test: TestSet) -> Measured | None:
     """A stored entry, or None when there is none, only part of one, or one that cannot be read (a damaged
     file: it is measured again and replaced)."""
     if not (entry / RECORD_FILE).is_file():
@@ -121,9 +117,7 @@ def _load(entry: Path, labels: np.ndarray) -> Measured | None:
         probabilities = [np.load(entry / f"probabilities_{index}.npy") for index in range(len(seconds))]
     except (OSError, ValueError, KeyError, TypeError):  # JSONDecodeError is a ValueError
         return None
-    if not seconds or any(p.ndim != 2 or len(p) != len(labels) for p in probabilities):
+    if not seconds or any(p.ndim < 2 or len(p) != len(test.labels) for p in probabilities):
         return None
-    evaluations = tuple(
-        Evaluation(p.argmax(axis=1), labels, p, s) for p, s in zip(probabilities, seconds, strict=True)
-    )
+    evaluations = tuple(scored(p, test, s) for p, s in zip(probabilities, seconds, strict=True))
     return Measured(evaluations, latency, reused=True)

@@ -22,7 +22,7 @@ import numpy as np
 
 from resnet8ptq import hardware
 from resnet8ptq.backends.base import QuantizedModel, Runtime
-from resnet8ptq.evaluate import Evaluation, Kept, Measured, evaluate, measure_latency
+from resnet8ptq.evaluate import Evaluation, Kept, Measured, TestSet, evaluate, measure_latency
 from resnet8ptq.hardware import Hardware
 
 NATIVE = "native"
@@ -53,7 +53,8 @@ def judge(
 
     ``dtypes``: (activation, weight) types, used to explain a mismatch. ``agreement``: for a simulated
     runtime that is another program than the reference (e.g. compiled), the fraction of test images on which
-    both predict the same class; None when the runtime is the reference program itself.
+    both predict the same class (score alike: :meth:`~resnet8ptq.metrics.Metric.agree`); None when the
+    runtime is the reference program itself.
     """
     if not runtime.integer_kernels:
         if agreement is None:
@@ -106,8 +107,7 @@ class QuantizedResult:
 
 def evaluate_quantized(
     quantized: QuantizedModel,
-    images: np.ndarray,
-    labels: np.ndarray,
+    test: TestSet,
     name: str,
     tolerance_points: float,
     kept: Kept | None = None,
@@ -121,10 +121,10 @@ def evaluate_quantized(
     def verdict_of(reference: Evaluation, measured: Evaluation) -> Verdict:
         agreement = None
         if not same_program and not runtime.integer_kernels:
-            agreement = float(np.mean(measured.predictions == reference.predictions))
+            agreement = float(np.mean(reference.metric.agree(measured.predictions, reference.predictions)))
         return judge(
-            reference.accuracy,
-            measured.accuracy,
+            reference.value,
+            measured.value,
             runtime,
             tolerance_points,
             hardware.detect(),
@@ -133,19 +133,19 @@ def evaluate_quantized(
         )
 
     def measure() -> Measured:
-        reference = evaluate(quantized.reference, images, labels, desc=f"Evaluating {name} (reference)")
+        reference = evaluate(quantized.reference, test, desc=f"Evaluating {name} (reference)")
         if same_program:
-            return Measured((reference,), measure_latency(runtime.predict, images))
-        measured = evaluate(runtime.predict, images, labels, desc=f"Evaluating {name}")
+            return Measured((reference,), measure_latency(runtime.predict, test.inputs))
+        measured = evaluate(runtime.predict, test, desc=f"Evaluating {name}")
         timed = runtime.predict if verdict_of(reference, measured).runtime_used else quantized.reference
-        return Measured((reference, measured), measure_latency(timed, images))
+        return Measured((reference, measured), measure_latency(timed, test.inputs))
 
     forms = {
         "runtime": runtime.kernels,
         "integer_kernels": runtime.integer_kernels,
         "same_program": same_program,
     }
-    found = measure() if kept is None else kept(quantized.path, forms, images, labels, measure)
+    found = measure() if kept is None else kept(quantized.path, forms, test, measure)
     reference, measured = found.evaluations * 2 if same_program else found.evaluations
     verdict = verdict_of(reference, measured)
     return QuantizedResult(reference, measured, verdict, found.latency_ms_b1, found.reused)

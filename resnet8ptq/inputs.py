@@ -9,10 +9,12 @@ from pathlib import Path
 
 import numpy as np
 from mlflow.data.numpy_dataset import NumpyDataset
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from resnet8ptq.datasets import Dataset, load_cifar10_dataset, load_npz
 from resnet8ptq.errors import ConfigError
+from resnet8ptq.evaluate import TestSet
+from resnet8ptq.metrics import TOP1, Metric, metric
 from resnet8ptq.shared import Shared
 from resnet8ptq.tracking.models import content_digest, numpy_dataset
 
@@ -58,6 +60,12 @@ class RunInputs:
 
     dataset: Dataset
     datasets: LoggedDatasets
+    metric: Metric = TOP1  # how the model's outputs are scored (the model's `metric`)
+
+    @property
+    def test_set(self) -> TestSet:
+        """The test inputs, their labels and the metric, as an evaluation takes them."""
+        return TestSet(self.test_images, self.test_labels, self.metric)
 
     @property
     def test_images(self) -> np.ndarray:
@@ -88,10 +96,11 @@ class RunInputs:
 
 
 def run_inputs(cfg: DictConfig, shared: Shared) -> RunInputs:
-    """The run's :class:`RunInputs`: the `data` group's data set and the datasets it logs (kept in
-    ``shared``)."""
+    """The run's :class:`RunInputs`: the `data` group's data set, the datasets it logs (kept in ``shared``)
+    and the model's metric."""
     dataset = load_dataset(shared, cfg.data, cfg.cache_dir)
-    return RunInputs(dataset, shared.get("run_inputs", (dataset,), lambda: logged_datasets(dataset)))
+    logged = shared.get("run_inputs", (dataset,), lambda: logged_datasets(dataset))
+    return RunInputs(dataset, logged, metric(OmegaConf.select(cfg, "model.metric", default="top1")))
 
 
 def logged_datasets(dataset: Dataset) -> LoggedDatasets:

@@ -35,8 +35,9 @@ ONNX_OPSET = 17
 MAX_IR_VERSION = 10
 # Bump when the conversion recipe changes, so that old cache entries are not reused.
 # 3: names independent of tf2onnx's counter; 4: BatchNorm scales in float64, initializers in name order;
-# 5: static Squeeze/Unsqueeze as Reshape (ResNet8's model is the same bytes as at 4)
-RECIPE_VERSION = 5
+# 5: static Squeeze/Unsqueeze as Reshape; 6: BatchNorms after dense layers folded (ResNet8: the same bytes
+# as at 4)
+RECIPE_VERSION = 6
 
 
 @dataclass(frozen=True)
@@ -143,8 +144,8 @@ def canonical_onnx(source: Path, sha256: str, cache_dir: Path, name: str = "resn
     return CanonicalModel(target, source, sha256, converted_now=True)
 
 
-def model_io(canonical: CanonicalModel) -> tuple[tuple[int | None, ...], int]:
-    """The canonical model's per-sample input shape (None where free) and its number of outputs (classes)."""
+def model_io(canonical: CanonicalModel) -> tuple[tuple[int | None, ...], tuple[int, ...]]:
+    """The canonical model's per-sample input shape (None where free) and output shape (classes: (K,))."""
     import onnx
 
     graph = onnx.load(canonical.onnx_path, load_external_data=False).graph
@@ -153,12 +154,12 @@ def model_io(canonical: CanonicalModel) -> tuple[tuple[int | None, ...], int]:
         return [d.dim_value if d.HasField("dim_value") else None for d in info.type.tensor_type.shape.dim]
 
     outputs = dims(graph.output[0])
-    if len(outputs) != 2 or outputs[1] is None:
+    if len(outputs) < 2 or None in outputs[1:]:
         raise ModelError(
             f"{canonical.source_path}: the model's output has shape {outputs} (None: free); the tool takes "
-            "classifiers with one output of shape (N, classes)."
+            "models with one output of a fixed shape per sample (N, classes) or (N, ...)."
         )
-    return tuple(dims(graph.input[0])[1:]), outputs[1]
+    return tuple(dims(graph.input[0])[1:]), tuple(outputs[1:])
 
 
 def _read_onnx(source: Path, out: Path) -> None:
@@ -281,14 +282,17 @@ def free_batch(model):
 
 
 def _pre_process(raw: Path, out: Path) -> None:
-    """ORT's quantization pre-processing: shape inference and graph optimisation (folds the BatchNorms)."""
+    """ORT's quantization pre-processing: shape inference and graph optimisation (folds the BatchNorms into
+    convolutions), then the BatchNorms after dense layers folded (:func:`fold_into_dense`)."""
     import onnx
     from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    from resnet8ptq.batchnorm_fold import fold_into_dense
 
     static = raw.with_name("static.onnx")
     save_onnx(static_reshapes(onnx.load(raw)), static)
     quant_pre_process(static, out)
-    save_onnx(sorted_initializers(numbered_dims(onnx.load(out))), out)
+    save_onnx(sorted_initializers(numbered_dims(fold_into_dense(onnx.load(out)))), out)
 
 
 UNKNOWN_DIM = re.compile(r"unk__\d+")

@@ -1,7 +1,7 @@
-"""Matplotlib figures a person would rather look at than read: confusion matrix, per-class accuracy, per-layer
-SQNR. Every run draws them, so their margins are set from what they hold (fixed class names, the longest
-layer name) instead of by ``tight_layout``, which draws each figure once more to measure it (a third of its
-time)."""
+"""Matplotlib figures a person would rather look at than read: confusion matrix, per-class accuracy, ROC
+curves, per-layer SQNR. Every run draws them, so their margins are set from what they hold (fixed class
+names, the longest layer name) instead of by ``tight_layout``, which draws each figure once more to measure
+it (a third of its time)."""
 
 from __future__ import annotations
 
@@ -72,6 +72,18 @@ def class_accuracy_png(
     ax.set_xticklabels(class_names, rotation=30, ha="right")
     ax.set(ylabel="accuracy (%)", ylim=(0, 105), title=title)
     return _save(fig, path, left=0.08, right=0.98, bottom=0.2, top=0.91)
+
+
+def roc_curve_png(curves: dict[str, tuple[np.ndarray, np.ndarray]], path: Path, title: str) -> Path:
+    """ROC curves (true against false positive rate) of anomaly scores, one per model, and chance's line."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(5, 5))
+    for (label, (fpr, tpr)), style in zip(curves.items(), ("-", "--"), strict=False):
+        ax.plot(fpr, tpr, style, label=label)
+    ax.plot([0, 1], [0, 1], ":", color="grey", label="chance")
+    ax.set(xlabel="false positive rate", ylabel="true positive rate", xlim=(0, 1), ylim=(0, 1), title=title)
+    ax.legend(loc="lower right")
+    return _save(fig, path, left=0.13, right=0.96, bottom=0.11, top=0.93)
 
 
 def layer_sqnr_png(

@@ -30,7 +30,6 @@ from resnet8ptq.evaluation_cache import REUSED_TAG as EVAL_REUSED_TAG
 from resnet8ptq.execution import QuantizedResult
 from resnet8ptq.layers import raised_in
 from resnet8ptq.spec import LayerError
-from resnet8ptq.statistics import accuracy_interval
 from resnet8ptq.tracking.models import log_datasets, log_model
 from resnet8ptq.tracking.runs import child_run, first_in_sweep, log_artifacts, log_metrics, set_tags
 
@@ -60,17 +59,24 @@ REFERENCE_TAG = "reference"
 def evaluation_metrics(
     evaluation: Evaluation, model_path: Path, perf_subset: np.ndarray, class_names: Sequence[str]
 ) -> dict[str, float]:
-    """Metrics every run logs: accuracy with its 95% confidence interval, accuracy on MLPerf Tiny's
-    performance subset (from the same predictions; where the data has one), per-class accuracy (classes
-    without a test sample left out), model size."""
-    low, high = accuracy_interval(evaluation.correct, len(evaluation.labels))
-    per_class = zip(class_names, evaluation.class_accuracy, strict=True)
+    """Metrics every run logs: the model's metric (``accuracy``, ``auc``: :mod:`resnet8ptq.metrics`) with its
+    95% confidence interval; for a classifier also the accuracy on MLPerf Tiny's performance subset (from
+    the same predictions; where the data has one) and per-class accuracy (classes without a test sample
+    left out); model size."""
+    key = evaluation.metric.key
+    low, high = evaluation.interval
+    classifier = {}
+    if evaluation.metric.per_class:
+        per_class = zip(class_names, evaluation.class_accuracy, strict=True)
+        classifier = {
+            **({PERF_SUBSET_METRIC: evaluation.subset_accuracy(perf_subset)} if perf_subset.size else {}),
+            **{f"class_acc/{name}": acc for name, acc in per_class if np.isfinite(acc)},
+        }
     return {
-        "accuracy": evaluation.accuracy,
-        "accuracy_ci_low": low,
-        "accuracy_ci_high": high,
-        **({PERF_SUBSET_METRIC: evaluation.subset_accuracy(perf_subset)} if perf_subset.size else {}),
-        **{f"class_acc/{name}": acc for name, acc in per_class if np.isfinite(acc)},
+        key: evaluation.value,
+        f"{key}_ci_low": low,
+        f"{key}_ci_high": high,
+        **classifier,
         "model_size_bytes": model_path.stat().st_size,
     }
 
@@ -211,19 +217,19 @@ def quantized_metrics(
     """Accuracy (reference) and, where integer kernels ran, native accuracy and the gap; size, speed, timings,
     worst per-layer SQNR, and the backend's own metrics."""
     evaluation, verdict = result.reference, result.verdict
-    native = {}
-    if verdict.gap_points is not None:  # integer kernels ran: their accuracy beside the reference
-        native = {"accuracy_native": result.runtime.accuracy, "kernel_gap_points": verdict.gap_points}
+    key, native = evaluation.metric.key, {}
+    if verdict.gap_points is not None:  # integer kernels ran: their score beside the reference
+        native = {f"{key}_native": result.runtime.value, "kernel_gap_points": verdict.gap_points}
     passes = {id(result.reference): result.reference, id(result.runtime): result.runtime}.values()
     fp32_size = baseline.model.path.stat().st_size
     return {
         **evaluation_metrics(evaluation, quantized.path, context.perf_subset, context.class_names),
-        "accuracy_reference": evaluation.accuracy,
+        f"{key}_reference": evaluation.value,
         **native,
         "throughput_img_s": result.speed.throughput_img_s,
         "latency_ms_b1": result.latency_ms_b1,
         "eval_seconds": sum(evaluation.eval_seconds for evaluation in passes),
-        "accuracy_delta": evaluation.accuracy - baseline.evaluation.accuracy,
+        f"{key}_delta": evaluation.value - baseline.evaluation.value,
         "fp32_size_bytes": fp32_size,
         "size_ratio": quantized.path.stat().st_size / fp32_size,
         "calib_seconds": quantized.calib_seconds,

@@ -8,12 +8,15 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
 from resnet8ptq.calibration import CalibConfig
 from resnet8ptq.dtype import DtypeConfig
+
+if TYPE_CHECKING:
+    from resnet8ptq.metrics import Metric
 
 RAISED_BITS = 16
 """The width of a raised layer (mixed precision, ``raised_layers``): 16-bit activations or weights."""
@@ -79,6 +82,7 @@ class EvaluationImages(Protocol):
     test_labels: np.ndarray
     calibration_images: np.ndarray
     perf_subset: np.ndarray
+    metric: Metric  # how the model's outputs are scored
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
-"""A quantized model's accuracy on a device (`device=integer|cim`): its integer form run on the full test set,
-once per noise draw, with the ADC ranges set first where the device has ADCs."""
+"""A quantized model's score (its metric: top-1 accuracy, AUC) on a device (`device=integer|cim`): its
+integer form run on the full test set, once per noise draw, with the ADC ranges set first where the device
+has ADCs."""
 
 from __future__ import annotations
 
@@ -17,27 +18,28 @@ from resnet8ptq.device.cim import CrossbarArithmetic, check_mappable, worst_case
 from resnet8ptq.device.config import CALIBRATED_RANGES, DeviceConfig
 from resnet8ptq.device.dac import dac_ranges as calibrated_dac_ranges
 from resnet8ptq.device.dac import profiled_inputs
-from resnet8ptq.device.executor import Arithmetic, Ideal, execute, predictions
+from resnet8ptq.device.executor import Arithmetic, Ideal, execute
 from resnet8ptq.device.graph import IntegerModel
 from resnet8ptq.evaluate import Evaluated, subset_accuracy
 from resnet8ptq.layer_errors import tensor_sqnr_db
+from resnet8ptq.metrics import TOP1, Metric
 from resnet8ptq.spec import EvaluationImages
-from resnet8ptq.statistics import accuracy_interval
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
 class DeviceResult:
-    """Accuracy on the device: per noise draw, their mean with its spread and 95% interval, and what the
-    hardware team needs to compare (the first draw's predictions, the ADC steps used)."""
+    """The score on the device (its metric: top-1 accuracy, AUC): per noise draw, their mean with its spread
+    and 95% interval, and what the hardware team needs to compare (the first draw's predictions, the ADC
+    steps used)."""
 
-    accuracies: list[float]
-    predictions: np.ndarray  # the first draw's predicted class per test image
+    accuracies: list[float]  # the metric's value per noise draw
+    predictions: np.ndarray  # the first draw's per-sample values: predicted class, anomaly score
     labels: np.ndarray
     interval: tuple[float, float]
-    subset_accuracy: float  # mean over draws, on MLPerf Tiny's performance subset
-    differing_from_reference: int  # test images whose (first draw's) prediction differs from the reference
+    subset_accuracy: float  # mean over draws, on MLPerf Tiny's performance subset (NaN: none)
+    differing_from_reference: int  # samples whose (first draw's) prediction differs from the reference
     model: IntegerModel | None = None  # the integer model the device ran (bias_correction: corrected)
     bias_corrections: dict[str, np.ndarray] = field(default_factory=dict)  # per layer: taken off the bias
     adc_steps: dict[str, LayerSteps] = field(default_factory=dict)  # per layer: the ADC steps
@@ -46,6 +48,7 @@ class DeviceResult:
     actions: list[LayerActions] = field(default_factory=list)  # per layer: one inference's actions
     seconds: float = 0.0
     device: DeviceConfig | None = None  # the device evaluated
+    metric: Metric = TOP1
 
     @property
     def accuracy(self) -> float:
@@ -57,11 +60,12 @@ class DeviceResult:
 
     def metrics(self) -> dict[str, float]:
         """The run's device metrics (the names are the contract docs/mlflow.md lists)."""
+        key = self.metric.key
         return {
-            "accuracy_device": self.accuracy,
-            "accuracy_device_std": self.std,
-            "accuracy_device_ci_low": self.interval[0],
-            "accuracy_device_ci_high": self.interval[1],
+            f"{key}_device": self.accuracy,
+            f"{key}_device_std": self.std,
+            f"{key}_device_ci_low": self.interval[0],
+            f"{key}_device_ci_high": self.interval[1],
             **(
                 {"accuracy_device_perf_subset": self.subset_accuracy}
                 if np.isfinite(self.subset_accuracy)
@@ -248,7 +252,8 @@ def evaluate_device(
         check_mappable(model)
     start = time.perf_counter()
     name, reference_predictions = evaluated.name, evaluated.reference.predictions
-    images, labels, perf_subset = data.test_images, data.test_labels, data.perf_subset
+    images, labels, perf_subset, metric = data.test_images, data.test_labels, data.perf_subset, data.metric
+    perf_subset = perf_subset if metric.per_class else perf_subset[:0]
     calibration_images = data.calibration_images
     dac = dac_ranges(model, device, calibration_images, adc_profiles)
     steps = adc_steps(model, device, calibration_images, adc_profiles, dac, learned)
@@ -267,23 +272,22 @@ def evaluate_device(
             logits, _ = execute(
                 runs, images, arithmetic(device, seed, steps, dac), device.images_per_step, 0, bar.update
             )
-            predicted = predictions(runs, logits)
+            predicted = metric.per_sample(runs.dequantize_output(logits), images)
             first = predicted if first is None else first
-            accuracies.append(float(np.mean(predicted == labels)))
+            accuracies.append(metric.value(predicted, labels))
             subset.append(subset_accuracy(predicted, labels, perf_subset))
     sqnr = {}
     if device.kind == "cim":  # the ideal integer device is the reference itself
         sample = images[: min(SQNR_IMAGES, device.images_per_step)]
         sqnr = layer_sqnr(model, arithmetic(device, 0, steps, dac), sample, runs)
-    correct = int(np.sum(first == labels))
-    interval = seed_interval(accuracies) if len(accuracies) > 1 else accuracy_interval(correct, len(labels))
+    interval = seed_interval(accuracies) if len(accuracies) > 1 else metric.interval(first, labels)
     return DeviceResult(
         accuracies=accuracies,
         predictions=first,
         labels=labels,
         interval=interval,
         subset_accuracy=float(np.mean(subset)),
-        differing_from_reference=int(np.sum(first != reference_predictions)),
+        differing_from_reference=int(np.sum(~metric.agree(first, reference_predictions))),
         model=runs,
         bias_corrections=corrections,
         adc_steps=steps,
@@ -292,4 +296,5 @@ def evaluate_device(
         actions=actions,
         seconds=time.perf_counter() - start,
         device=device,
+        metric=metric,
     )

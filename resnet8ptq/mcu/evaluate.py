@@ -24,6 +24,7 @@ from resnet8ptq.mcu import tflm, vela
 from resnet8ptq.mcu.config import KIB, Board, McuConfig
 from resnet8ptq.mcu.divergence import Divergence, locate
 from resnet8ptq.mcu.memory import Planned, peak_live_bytes, planned_tensors
+from resnet8ptq.metrics import TOP1, Metric
 from resnet8ptq.spec import EvaluationImages
 
 log = logging.getLogger(__name__)
@@ -87,14 +88,16 @@ class McuResult:
     npu: vela.NpuEstimate | None
     npu_error: str | None
     seconds: float
+    metric: Metric = TOP1
 
     @property
     def accuracy(self) -> float:
-        return float(np.mean(self.predictions == self.labels))
+        """TFLM's score by the model's metric (top-1 accuracy, AUC)."""
+        return self.metric.value(self.predictions, self.labels)
 
     @property
     def differing_predictions(self) -> int:
-        return int(np.sum(self.predictions != self.reference_predictions))
+        return int(np.sum(~self.metric.agree(self.predictions, self.reference_predictions)))
 
     def comparison(self) -> str:
         """How TFLM's outputs compare with the reference kernels', in words."""
@@ -108,11 +111,11 @@ class McuResult:
 
     def metrics(self) -> dict[str, float]:
         metrics = {
-            "accuracy_mcu": self.accuracy,
+            f"{self.metric.key}_mcu": self.accuracy,
             "mcu_differing_predictions": self.differing_predictions,
             **(
                 {"accuracy_mcu_perf_subset": subset_accuracy(self.predictions, self.labels, self.perf_subset)}
-                if self.perf_subset.size
+                if self.perf_subset.size and self.metric.per_class
                 else {}
             ),
             "mcu_differing_outputs": self.differing_outputs,
@@ -183,8 +186,8 @@ def evaluate_mcu(
             log.warning("%s", err)
     return McuResult(
         labels=np.asarray(labels),
-        predictions=outputs.argmax(axis=1),
-        reference_predictions=np.asarray(reference_outputs).argmax(axis=1),
+        predictions=data.metric.per_sample(outputs, images),
+        reference_predictions=evaluated.reference.predictions,
         differing_outputs=len(differs),
         divergence=divergence,
         perf_subset=np.asarray(perf_subset),
@@ -196,6 +199,7 @@ def evaluate_mcu(
         npu=npu,
         npu_error=npu_error,
         seconds=time.perf_counter() - start,
+        metric=data.metric,
     )
 
 

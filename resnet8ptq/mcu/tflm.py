@@ -7,7 +7,7 @@ are shared among worker processes, one interpreter each (spawned: no TensorFlow 
 
 The arena is measured two ways that must agree: the ``RecordingMicroAllocator``'s report after an inference
 (``print_allocations()`` writes it to the process's C-level stderr, file descriptor 2, which is captured),
-and the smallest arena size with which the interpreter allocates and invokes (bisection).
+and the smallest arena size with which the interpreter allocates and invokes (bisection, in a child process).
 """
 
 from __future__ import annotations
@@ -16,10 +16,13 @@ import contextlib
 import importlib.metadata
 import os
 import re
+import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 from tqdm import tqdm
@@ -87,24 +90,64 @@ def measure_arena(model: bytes, sample: np.ndarray) -> Arena:
         interpreter.print_allocations()
     report = printed[0]
     recorded = _bytes(_TOTAL, report)
+    smallest = smallest_arena(model, sample, recorded)
+    return Arena(recorded, _bytes(_HEAD, report), _bytes(_TAIL, report), smallest, report.strip())
 
-    def runs(size: int) -> bool:
-        try:
-            with captured_stderr():  # TFLM prints why an allocation failed
-                candidate = _interpreter(model, size)
-                candidate.set_input(sample, 0)
-                candidate.invoke()
-        except (RuntimeError, ValueError):
-            return False
-        return True
 
-    low, high = 1, max(recorded * 2, 4096)
-    while not runs(high):
-        low, high = high + 1, high * 2
+def _runs(model: bytes, sample: np.ndarray, size: int) -> bool:
+    """Whether TFLM allocates and invokes ``model`` on ``sample`` in an arena of ``size`` bytes."""
+    try:
+        with captured_stderr():  # TFLM prints why an allocation failed
+            candidate = _interpreter(model, size)
+            candidate.set_input(sample, 0)
+            candidate.invoke()
+    except (RuntimeError, ValueError):
+        return False
+    return True
+
+
+def smallest_arena(model: bytes, sample: np.ndarray, recorded: int) -> int:
+    """The smallest arena (bytes) with which TFLM allocates and invokes ``model`` on ``sample``: doubled from
+    twice the ``recorded`` total until it runs, then bisected, in a child process (:func:`_bisect`). Some of
+    TFLM's kernels use a persistent buffer without checking that it was allocated, so an arena too small by
+    a little crashes the interpreter (a segmentation fault: MLPerf Tiny's int8 anomaly-detection autoencoder
+    between 15.2 and 16.5 KB) instead of failing; a size that crashed counts as one that does not run, and
+    the search goes on in a new child."""
+    low, high, grown = 1, max(recorded * 2, 4096), False
+    with tempfile.TemporaryDirectory() as tmp:
+        model_path, sample_path = Path(tmp) / "model.tflite", Path(tmp) / "sample.npy"
+        model_path.write_bytes(model)
+        np.save(sample_path, sample)
+        for _ in range(64):
+            command = [sys.executable, "-m", __name__, str(model_path), str(sample_path), str(low), str(high)]
+            child = subprocess.run([*command, str(int(grown))], capture_output=True, text=True, check=False)
+            lines = child.stdout.split()
+            if child.returncode == 0 and lines[-2:-1] == ["smallest"]:
+                return int(lines[-1])
+            tried = [i for i, word in enumerate(lines) if word == "try"]
+            if not tried:
+                raise RuntimeError(f"TFLM's arena search failed: {child.stderr.strip()[-500:]}")
+            phase, size, *bounds = lines[tried[-1] + 1 : tried[-1] + 5]
+            if phase == "grow":  # crashed at `size`: it does not run
+                low, high = int(size) + 1, int(size) * 2
+            else:
+                low, high, grown = int(size) + 1, int(bounds[1]), True
+    raise RuntimeError("TFLM's arena search crashed 64 times")
+
+
+def _bisect(model: bytes, sample: np.ndarray, low: int, high: int, grown: bool) -> None:
+    """The search of :func:`smallest_arena`, in this process, each size printed before it is tried."""
+    if not grown:
+        while True:
+            print("try grow", high, flush=True)
+            if _runs(model, sample, high):
+                break
+            low, high = high + 1, high * 2
     while low < high:
         middle = (low + high) // 2
-        low, high = (low, middle) if runs(middle) else (middle + 1, high)
-    return Arena(recorded, _bytes(_HEAD, report), _bytes(_TAIL, report), high, report.strip())
+        print("try bisect", middle, low, high, flush=True)
+        low, high = (low, middle) if _runs(model, sample, middle) else (middle + 1, high)
+    print("smallest", high, flush=True)
 
 
 def _bytes(pattern: re.Pattern[str], report: str) -> int:
@@ -168,3 +211,13 @@ def io(model: bytes) -> tuple[Io, Io]:
         )
 
     return read(interpreter.get_input_details(0)), read(interpreter.get_output_details(0))
+
+
+if __name__ == "__main__":  # the arena search's child: MODEL SAMPLE LOW HIGH GROWN (smallest_arena)
+    _bisect(
+        Path(sys.argv[1]).read_bytes(),
+        np.load(sys.argv[2]),
+        int(sys.argv[3]),
+        int(sys.argv[4]),
+        sys.argv[5] == "1",
+    )

@@ -15,6 +15,7 @@ from resnet8ptq.data import CLASS_NAMES
 from resnet8ptq.device.config import Crossbar, DeviceConfig
 from resnet8ptq.errors import ReportError
 from resnet8ptq.hardware import Hardware
+from resnet8ptq.metrics import as_accuracy
 from resnet8ptq.records import REFERENCE_TAG
 from resnet8ptq.statistics import accuracy_interval
 from resnet8ptq.tracking import schema
@@ -69,6 +70,8 @@ EMPTY_COLUMNS = [
     "device",
     "mcu_fits",
     "cost_model",
+    "metric",
+    "quality_target",
 ]  # fmt: skip  (the columns runs_frame gives every run)
 
 
@@ -116,7 +119,10 @@ METRIC_COLUMNS = (
 
 
 def runs_frame(runs: Iterable[Run]) -> pd.DataFrame:
-    """One row per (non-sweep) run: identity, status, settings and metrics (accuracy as a fraction).
+    """One row per (non-sweep) run: identity, status, settings and metrics (accuracy as a fraction). A run
+    of a model scored by AUC (tag ``metric``) has its ``auc*`` metrics in the ``accuracy*`` columns (the
+    report ranks and compares each network by its own metric: :func:`metric_note` says so), its MLPerf
+    quality target in ``quality_target``.
 
     A published model's run (tag ``reference``) is a quantized row with its publisher in ``reference`` and
     no settings of this tool (calib, per-channel, algo)."""
@@ -190,7 +196,9 @@ def runs_frame(runs: Iterable[Run]) -> pd.DataFrame:
                 "mcu_fits": tags.get("mcu.fits", ""),
                 "cost_model": tags.get("device.cost_model", ""),
                 **device_columns(tags),
-                **metrics,
+                "metric": tags.get("metric", "top1"),
+                "quality_target": pd.to_numeric(params.get("model.quality_target"), errors="coerce"),
+                **as_accuracy(metrics, tags.get("metric", "top1")),
             }
         )
     frame = pd.DataFrame(rows) if rows else pd.DataFrame(columns=EMPTY_COLUMNS).astype({"quantized": bool})
@@ -370,8 +378,11 @@ def compared_accuracy(table: pd.DataFrame, fp32_accuracy: pd.Series) -> pd.DataF
 
 
 def accuracy_name(table: pd.DataFrame) -> str:
-    """What the report calls the accuracy it compares by: `accuracy on the device` when a run has one."""
-    return "accuracy on the device" if table["on_device"].any() else "accuracy"
+    """What the report calls the accuracy it compares by: `accuracy on the device` when a run has one; `/ AUC`
+    beside it when a network is scored by AUC (:func:`metric_note`)."""
+    name = "accuracy on the device" if table["on_device"].any() else "accuracy"
+    scored = table["metric"].fillna("top1") != "top1" if "metric" in table else pd.Series(False)
+    return f"{name} / AUC" if scored.any() else name
 
 
 def compared_note(table: pd.DataFrame) -> str | None:

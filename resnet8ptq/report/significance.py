@@ -31,8 +31,10 @@ def prediction_sources(table: pd.DataFrame) -> dict[str, Source]:
     """Where each run's predictions of the accuracy the report compares are: the reference's, or a device
     run's on the device. A device run whose accuracy is a mean over noise draws that differ
     (``accuracy_device_std`` > 0) has none: its predictions file holds one draw, which does not stand for
-    the mean."""
+    the mean; nor has a run scored by AUC (McNemar's test compares right and wrong predictions)."""
     noisy = table["on_device"] & (table["accuracy_device_std"].fillna(0) > 0)
+    if "metric" in table:  # an AUC is not a count of right predictions
+        noisy |= table["metric"].fillna("top1") != "top1"
     return {
         row.run_id: DEVICE_PREDICTIONS if row.on_device else REFERENCE_PREDICTIONS
         for row in table[~noisy].itertuples()

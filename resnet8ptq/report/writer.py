@@ -21,6 +21,7 @@ from resnet8ptq.report.analysis import hardware_lines
 from resnet8ptq.report.chip import chip_section
 from resnet8ptq.report.device import device_section
 from resnet8ptq.report.mcu import deployability_section
+from resnet8ptq.report.networks import metric_note, network_section
 from resnet8ptq.report.published import published_section
 from resnet8ptq.report.render import to_html
 from resnet8ptq.report.runs import comparison_table, configured, latest_per_config, runs_frame
@@ -87,6 +88,9 @@ def markdown(report: Report) -> str:
     if len(table):
         parts += ["## Comparison", comparison_rows(table, report.max_drop_points).markdown(), COLUMNS_NOTE]
         parts += [DEVICE_COLUMNS_NOTE] if table["on_device"].any() else []
+        scored = metric_note(table)
+        parts += [scored] if scored else []
+        parts += network_section(table)
         parts += published_section(table) + execution_section(table)
     if report.has_results:
         parts += significance_section(table)

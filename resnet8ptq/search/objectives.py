@@ -66,12 +66,17 @@ if not OmegaConf.has_resolver(DIRECTIONS_RESOLVER):
     OmegaConf.register_new_resolver(DIRECTIONS_RESOLVER, lambda objectives: directions(list(objectives)))
 
 
-def objective_values(metrics: Mapping[str, float], objectives: Sequence[str], run: str) -> list[float]:
-    """The objectives' values among a run's logged ``metrics``; ValueError if one was not logged."""
-    missing = [name for name in objectives if name not in metrics]
+def objective_values(
+    metrics: Mapping[str, float], objectives: Sequence[str], run: str, key: str = "accuracy"
+) -> list[float]:
+    """The objectives' values among a run's logged ``metrics``; ValueError if one was not logged. ``accuracy``
+    and ``accuracy_device`` stand for the model's metric (``key``: :attr:`resnet8ptq.metrics.Metric.key`),
+    so that a search over an autoencoder maximises its ``auc``."""
+    names = [name.replace("accuracy", key, 1) if name.startswith("accuracy") else name for name in objectives]
+    missing = [name for name in names if name not in metrics]
     if missing:
         raise ValueError(f"Run {run} logged no {', '.join(missing)}: it cannot be an objective of this run.")
-    return [float(metrics[name]) for name in objectives]
+    return [float(metrics[name]) for name in names]
 
 
 def is_optuna(sweeper: Mapping[str, Any] | None) -> bool:

@@ -55,7 +55,7 @@ def on_device(
     integer = backend.integer_model(model.path)
     result = evaluate_device(integer, device, inputs, model, adc_profiles, learned)
     log.info(
-        "%s: accuracy on device %s %.4f (%d predictions differ from the reference)",
-        model.name, device.label, result.accuracy, result.differing_from_reference,
+        "%s: %s on device %s %.4f (%d predictions differ from the reference)",
+        model.name, result.metric.title, device.label, result.accuracy, result.differing_from_reference,
     )  # fmt: skip
     return records.OnDevice(result, result.model or integer, inputs.test_images, inputs.calibration_sample())

@@ -42,9 +42,11 @@ class Fp32Stage(Stage):
         plan, shared = record.plan, record.shared
         cfg, backend = plan.cfg, plan.backend
         canonical = fp32_model(cfg.model, Path(cfg.cache_dir))
-        input_shape, outputs = model_io(canonical)
-        check_fits(inputs.dataset, input_shape, outputs, f"model={cfg.model.name} ({canonical.source_path})")
-        classes = class_names(cfg.model.classes, inputs.dataset, outputs, f"model={cfg.model.name}")
+        input_shape, output_shape = model_io(canonical)
+        model = f"model={cfg.model.name} ({canonical.source_path})"
+        check_fits(inputs.dataset, input_shape, output_shape, inputs.metric, model)
+        labels = inputs.metric.classes(output_shape)
+        classes = class_names(cfg.model.classes, inputs.dataset, labels, f"model={cfg.model.name}")
         if plan.device.enabled:  # an operator the device has no integer form of: refused before any work
             check_coverage(canonical.onnx_path, plan.device.kind, f"model={cfg.model.name}")
         source = source_path(backend, canonical, canonical.onnx_path)
@@ -54,6 +56,7 @@ class Fp32Stage(Stage):
         tags = {
             "model": cfg.model.name,
             "data": inputs.dataset.name,
+            "metric": inputs.metric.name,
             "data.verified": inputs.dataset.verified,
             "model.sha256": canonical.source_sha256,
             **{f"version.{lib}": version for lib, version in backend.versions().items()},
@@ -101,6 +104,6 @@ def fp32_baseline(
 
     def evaluate() -> Baseline:
         model = backend.load_fp32(onnx_path, cache_dir / backend.NAME)
-        return evaluate_baseline(model, inputs.test_images, inputs.test_labels, f"{backend.NAME}-fp32", kept)
+        return evaluate_baseline(model, inputs.test_set, f"{backend.NAME}-fp32", kept)
 
     return shared.get("baseline", (backend, onnx_path, cache_dir, inputs.dataset), evaluate)

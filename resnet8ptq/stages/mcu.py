@@ -53,8 +53,9 @@ def on_mcu(
 
     result = evaluate_mcu(model, mcu, inputs, Path(cfg.cache_dir), threads_per_run(cfg))
     log.info(
-        "%s: TFLite Micro accuracy %.4f; %s; arena %d bytes, flash %d bytes; fits %s",
+        "%s: TFLite Micro %s %.4f; %s; arena %d bytes, flash %d bytes; fits %s",
         model.name,
+        result.metric.title,
         result.accuracy,
         result.comparison(),
         result.arena.recorded,

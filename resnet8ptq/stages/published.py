@@ -52,9 +52,8 @@ def log_published_once(plan: Plan, context: RunContext, inputs: RunInputs) -> No
             if not first:
                 continue
             tolerance = cfg.native_tolerance_points
-            images, labels = inputs.test_images, inputs.test_labels
-            result = evaluate_quantized(published, images, labels, f"{name} (published)", tolerance, kept)
-            model = model_record(cfg, backend, published.path, images, inputs.datasets.fp32)
+            result = evaluate_quantized(published, inputs.test_set, f"{name} (published)", tolerance, kept)
+            model = model_record(cfg, backend, published.path, inputs.test_images, inputs.datasets.fp32)
             on_mcu_result = on_mcu(
                 cfg, mcu, backend, Evaluated(name, published.path, result.reference), inputs
             )

@@ -46,8 +46,8 @@ class QuantizeStage(Stage):
             log.info("%s: reusing the quantized model of %s", plan.name, made.run_name)
         reference = made.result.reference
         log.info(
-            "%s: accuracy %.4f (FP32 %.4f); %s: %s", plan.name, reference.accuracy,
-            fp32.baseline.evaluation.accuracy, made.result.verdict.execution, made.result.verdict.reason,
+            "%s: %s %.4f (FP32 %.4f); %s: %s", plan.name, reference.metric.title, reference.value,
+            fp32.baseline.evaluation.value, made.result.verdict.execution, made.result.verdict.reason,
         )  # fmt: skip
         baseline = fp32.baseline.evaluation
         out = record.output_dir / "evaluation"
@@ -85,8 +85,7 @@ def quantize_and_evaluate(
     quantized.metrics |= configured_cost(graph, spec).metrics()  # the widths the checks above confirmed
     tolerance = cfg.native_tolerance_points
     kept = EvaluationCache.of(backend, Path(cfg.cache_dir), inputs.test_set_digest).measured
-    images, labels = inputs.test_images, inputs.test_labels
-    result = evaluate_quantized(quantized, images, labels, plan.name, tolerance, kept)
+    result = evaluate_quantized(quantized, inputs.test_set, plan.name, tolerance, kept)
     tags = {"dtype.first_last": first_last} if first_last else {}
     tags |= {"layer_bits": own} if own else {}
     return Quantization(plan.name, prepared, quantized, shared, result, tags=tags)

@@ -19,6 +19,7 @@ from resnet8ptq.backends.onnx.backend import predictor, session
 from resnet8ptq.backends.torch.backend import TorchBackend
 from resnet8ptq.calibration import CalibConfig
 from resnet8ptq.dtype import DtypeConfig
+from resnet8ptq.evaluate import TestSet
 from resnet8ptq.execution import evaluate_quantized
 from resnet8ptq.model import CanonicalModel
 from resnet8ptq.spec import QuantSpec
@@ -55,7 +56,7 @@ def onnx_accuracy(onnx_backend, prepared: dict[str, Prepared], data, tmp_path_fa
         quantized = backend.quantize(
             model.onnx_path, calibration, W4_PER_TENSOR, tmp_path_factory.mktemp(name)
         )
-        accuracy[name] = evaluate_quantized(quantized, images, labels, name, 0.3).reference.accuracy
+        accuracy[name] = evaluate_quantized(quantized, TestSet(images, labels), name, 0.3).reference.accuracy
     return accuracy
 
 
@@ -120,7 +121,9 @@ def test_torch_inherits_the_algorithm(prepared, onnx_accuracy, data, tmp_path: P
     calibration, images, labels = data
     backend = TorchBackend(native=False)  # the reference accuracy only
     quantized = backend.quantize(prepared["adaround"].onnx_path, calibration, W4_PER_TENSOR, tmp_path)
-    accuracy = evaluate_quantized(quantized, images, labels, "torch adaround", 0.3).reference.accuracy
+    accuracy = evaluate_quantized(
+        quantized, TestSet(images, labels), "torch adaround", 0.3
+    ).reference.accuracy
     # Within a point (100 images; docs/algorithms.md measured 0.06-0.15), rounded as execution.judge rounds.
     assert round(abs(accuracy - onnx_accuracy["adaround"]), 6) <= 0.01
 

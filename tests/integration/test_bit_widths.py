@@ -19,6 +19,7 @@ from resnet8ptq.backends.torch.backend import TorchBackend
 from resnet8ptq.calibration import CalibConfig
 from resnet8ptq.data import Cifar10, calibration_set, to_model_input
 from resnet8ptq.dtype import DtypeConfig
+from resnet8ptq.evaluate import TestSet
 from resnet8ptq.execution import QuantizedResult, evaluate_quantized
 from resnet8ptq.layers import check_first_last, first_last_layers
 from resnet8ptq.model import CanonicalModel
@@ -62,7 +63,10 @@ def quantized(
             backend = onnx_backend(native) if backend_class is OnnxRuntimeBackend else backend_class(native)
             workdir = tmp_path_factory.mktemp(f"{backend_name}-{config}")
             model = backend.quantize(canonical_model.onnx_path, calibration, spec, workdir)
-            results[backend_name, config] = model, evaluate_quantized(model, images, labels, config, 0.3)
+            results[backend_name, config] = (
+                model,
+                evaluate_quantized(model, TestSet(images, labels), config, 0.3),
+            )
     return results
 
 

@@ -93,7 +93,7 @@ from resnet8ptq.config import quant_spec
 from resnet8ptq.resolve import make_backend
 from resnet8ptq.shared import Shared
 from resnet8ptq.data import calibration_set, load_cifar10, to_model_input
-from resnet8ptq.evaluate import evaluate
+from resnet8ptq.evaluate import TestSet, evaluate
 
 conf, assets, onnx_path, workdir, *overrides = sys.argv[1:]
 with initialize_config_dir(config_dir=conf, version_base="1.3"):
@@ -103,7 +103,7 @@ calibration, _ = calibration_set(data, cfg.data.calib_per_class, cfg.data.seed)
 images, labels = to_model_input(data.test_images), data.test_labels
 backend = make_backend(cfg, Shared())
 quantized = backend.quantize(Path(onnx_path), calibration, quant_spec(cfg), Path(workdir) / "model")
-accuracy = evaluate(quantized.reference, images, labels).accuracy
+accuracy = evaluate(quantized.reference, TestSet(images, labels)).accuracy
 print(json.dumps({"accuracy": accuracy, "sha256": hashlib.sha256(quantized.path.read_bytes()).hexdigest()}))
 """
 

@@ -14,13 +14,14 @@ from resnet8ptq import model as model_module
 from resnet8ptq.backends.onnx.backend import predictor, session
 from resnet8ptq.data import Cifar10, to_model_input
 from resnet8ptq.errors import ModelError
-from resnet8ptq.evaluate import evaluate
+from resnet8ptq.evaluate import TestSet, evaluate
 from resnet8ptq.model import MODEL_SHA256, CanonicalModel, canonical_onnx, resolve_source
 
 
 def test_fp32_accuracy_is_exactly_the_reference(canonical_model: CanonicalModel, cifar: Cifar10) -> None:
     result = evaluate(
-        predictor(session(canonical_model.onnx_path)), to_model_input(cifar.test_images), cifar.test_labels
+        predictor(session(canonical_model.onnx_path)),
+        TestSet(to_model_input(cifar.test_images), cifar.test_labels),
     )
     assert result.correct == 8719
 

@@ -1,7 +1,8 @@
-"""MLPerf Tiny's keyword spotting (DS-CNN, from its float .tflite) and visual wake words (MobileNetV1, from
-its Keras 2 .h5) models through the toolchains and the integer device, with a user's arrays (data=npz) as a
-user runs them: structure only (generated inputs and labels; their data sets are not on these machines), so
-what is checked is what runs, what is logged and that the integer device agrees, not accuracy."""
+"""MLPerf Tiny's keyword spotting (DS-CNN, from its float .tflite), visual wake words (MobileNetV1, from its
+Keras 2 .h5) and anomaly detection (a dense autoencoder scored by AUC) models through the toolchains and the
+integer device, with a user's arrays (data=npz) as a user runs them: structure only (generated inputs and
+labels; their data sets are not on these machines), so what is checked is what runs, what is logged and
+that the integer device agrees, not accuracy."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
+import pandas as pd
 import pytest
 from ai_edge_litert.interpreter import Interpreter
 from mlflow.tracking import MlflowClient
@@ -23,6 +25,8 @@ KWS_TFLITE = f"{MLPERF}/keyword_spotting/kws_ref_model_float32.tflite"
 KWS_SHA256 = "e5004c6f1012246e33fa068d8488325538e0444073cd361f5a7edb40c73f12d2"
 VWW_H5 = f"{MLPERF}/visual_wake_words/vww_96.h5"
 VWW_SHA256 = "af9111d50e6e85b2f2123345e0316ef1c384865ebf6b06340ddac7e66017450f"
+AD_H5 = f"{MLPERF}/anomaly_detection/ad01.h5"
+AD_SHA256 = "651a62de1b7facd68d1269373992a2d09ffd28e6a816935d4834fcc558bde512"
 
 
 def sweep(run_cli, workdir: Path, store: Path, *args: str) -> MlflowClient:
@@ -84,6 +88,42 @@ def test_visual_wake_words_through_tflite_and_its_microcontroller_path(
     assert {"class_acc/no_person", "class_acc/person"} <= set(metrics)
 
 
+def test_anomaly_detection_scored_by_auc_through_every_toolchain(
+    run_cli, initialised_store: Path, tmp_path: Path
+) -> None:
+    """The autoencoder (its BatchNorms folded into its dense layers) through the three toolchains, the
+    integer device and TFLite Micro; each run scored by the AUC of its reconstruction errors, which the
+    run's logged scores give again in scikit-learn; the report names its quality target."""
+    from sklearn.metrics import roc_auc_score
+
+    data = generate(tmp_path / "ad.npz", (640,), 2, test=48, calibration=16, seed=3)
+    client = sweep(
+        run_cli, tmp_path, initialised_store,
+        "-m", "model=ad", "backend=onnx,torch,tflite", "dtype=int8", "per_channel=true", "device=integer",
+        "data=npz", f"data.path={data}", "layer_analysis=false", "mcu/boards=[pico]",
+    )  # fmt: skip
+    quantized = {run.info.run_name: run for run in runs(client, "true")}
+    assert sorted(quantized) == [f"ad-{name}-int8-int8-minmax-pc-int" for name in ("onnx", "tflite", "torch")]
+    for run in quantized.values():
+        tags, metrics = run.data.tags, run.data.metrics
+        assert run.info.status == "FINISHED" and tags["metric"] == "auc"
+        assert not {"accuracy", "accuracy_device"} & set(metrics)
+        assert not any(metric.startswith("class_acc/") for metric in metrics)
+        assert metrics["auc_ci_low"] <= metrics["auc"] <= metrics["auc_ci_high"]
+        scores = pd.read_csv(
+            client.download_artifacts(run.info.run_id, "evaluation/predictions.csv", tmp_path)
+        )
+        assert metrics["auc"] == pytest.approx(roc_auc_score(scores["label"], scores["score"]), abs=1e-12)
+        assert 0 <= metrics["auc_device"] <= 1
+    # The integer device is LiteRT's reference kernels exactly; against a float reference a sample's score
+    # moves when one of its 640 outputs lands on the other side of a rounding tie.
+    assert quantized["ad-tflite-int8-int8-minmax-pc-int"].data.metrics["device_differing_predictions"] == 0
+    assert quantized["ad-onnx-int8-int8-minmax-pc-int"].data.metrics["device_differing_predictions"] <= 2
+    assert "auc_mcu" in quantized["ad-tflite-int8-int8-minmax-pc-int"].data.metrics
+    report = next(tmp_path.rglob("report.md")).read_text()
+    assert "| ad | AUC | 0.8500 AUC |" in report
+
+
 @pytest.fixture(scope="module")
 def converted(assets_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     """The canonical ONNX models of VWW and KWS, converted in a cache of their own."""
@@ -109,10 +149,11 @@ def litert(model: Path, inputs: np.ndarray) -> np.ndarray:
 
 
 def test_the_converted_networks_compute_what_mlperfs_float_models_do(converted, assets_dir: Path) -> None:
-    """VWW's .h5 (Keras 3, fix-up) against MLPerf's own float .tflite of it: the same outputs to float
-    rounding. KWS's .tflite holds five convolutions' weights in int8, which LiteRT runs in hybrid kernels
-    (activations quantized on the fly) and the converted model in float with the weights dequantized: the
-    same classes, outputs within a few hundredths."""
+    """VWW's .h5 (Keras 3, fix-up) against MLPerf's own float .tflite of it, AD's (BatchNorms folded into
+    the dense layers) against Keras: the same outputs to float rounding. KWS's .tflite holds five
+    convolutions' weights in int8, which LiteRT runs in hybrid kernels (activations quantized on the fly)
+    and the converted model in float with the weights dequantized: the same classes, outputs within a few
+    hundredths."""
     rng = np.random.default_rng(0)
     images = rng.random((16, 96, 96, 3), dtype=np.float32)
     vww = ort.InferenceSession(converted(VWW_H5, VWW_SHA256, "vww")).run(None, {"input": images})[0]
@@ -123,6 +164,14 @@ def test_the_converted_networks_compute_what_mlperfs_float_models_do(converted, 
     reference = litert(assets_dir / KWS_TFLITE, features)
     assert np.mean(kws.argmax(1) == reference.argmax(1)) >= 0.95
     assert np.abs(kws - reference).max() < 0.1
+    # The autoencoder, its BatchNorms folded, against Keras running the .h5 (MLPerf's ad01_fp32.tflite is
+    # not the same weights: its outputs differ from the .h5's by up to 0.66 of +-40 on these inputs).
+    from resnet8ptq.model_formats import load_keras
+
+    vectors = rng.normal(0, 1, (32, 640)).astype(np.float32)
+    ad = ort.InferenceSession(converted(AD_H5, AD_SHA256, "ad")).run(None, {"input": vectors})[0]
+    reference = load_keras(assets_dir / AD_H5).predict(vectors, verbose=0)
+    np.testing.assert_allclose(ad, reference, rtol=1e-4, atol=1e-4)
 
 
 def user_onnx(path: Path) -> Path:

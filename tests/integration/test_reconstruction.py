@@ -18,6 +18,7 @@ from resnet8ptq.backends.onnx.widths import activation_qranges
 from resnet8ptq.backends.torch.backend import TorchBackend
 from resnet8ptq.calibration import CalibConfig
 from resnet8ptq.dtype import DtypeConfig, ort_scale_zero_point
+from resnet8ptq.evaluate import TestSet
 from resnet8ptq.execution import evaluate_quantized
 from resnet8ptq.layers import weight_widths
 from resnet8ptq.model import CanonicalModel
@@ -123,6 +124,6 @@ def test_both_backends_recover_w4a4(onnx_backend, learned, data, tmp_path: Path)
             shared = [tensor for tensor in prepared.ranges if tensor in ranges]
             assert len(shared) >= 9
             assert all(ranges[tensor] == prepared.ranges[tensor] for tensor in shared)
-        result = evaluate_quantized(quantized, images, labels, backend.NAME, 0.3)
+        result = evaluate_quantized(quantized, TestSet(images, labels), backend.NAME, 0.3)
         accuracy[backend.NAME] = result.reference.accuracy
     assert accuracy["onnx"] > 0.80 and accuracy["torch"] > 0.80, accuracy

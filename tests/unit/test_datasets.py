@@ -10,6 +10,7 @@ import pytest
 
 from resnet8ptq.datasets import Dataset, check_fits, class_names, generate, load_npz, main
 from resnet8ptq.errors import DataError
+from resnet8ptq.metrics import TOP1, metric
 
 
 def write(path: Path, **arrays: np.ndarray) -> Path:
@@ -72,14 +73,23 @@ def dataset(shape: tuple[int, ...] = (49, 10, 1), labels: int = 3, names: tuple[
 
 
 def test_data_is_checked_against_the_model() -> None:
-    check_fits(dataset(), (49, 10, 1), 12, "model=kws")  # fits
-    check_fits(dataset(), (None, None, 1), 12, "model=kws")  # free dimensions take any size
+    check_fits(dataset(), (49, 10, 1), (12,), TOP1, "model=kws")  # fits
+    check_fits(dataset(), (None, None, 1), (12,), TOP1, "model=kws")  # free dimensions take any size
     with pytest.raises(DataError, match=r"takes inputs of shape \(N, 96, 96, 3\).*gives \(N, 49, 10, 1\)"):
-        check_fits(dataset(), (96, 96, 3), 2, "model=vww")
-    with pytest.raises(DataError, match=r"has 2 outputs .*test labels up to 2"):
-        check_fits(dataset(), (49, 10, 1), 2, "model=x")
-    with pytest.raises(DataError, match="names 2 classes"):
-        check_fits(dataset(labels=2, names=("a", "b")), (49, 10, 1), 3, "model=x")
+        check_fits(dataset(), (96, 96, 3), (2,), TOP1, "model=vww")
+    with pytest.raises(DataError, match=r"has 2 outputs .*labels reach 2"):
+        check_fits(dataset(), (49, 10, 1), (2,), TOP1, "model=x")
+    with pytest.raises(DataError, match=r"labels have 3 classes; data=npz names 2 \(a, b\)"):
+        check_fits(dataset(labels=2, names=("a", "b")), (49, 10, 1), (3,), TOP1, "model=x")
+
+
+def test_an_autoencoders_data_is_normal_and_anomalous_samples() -> None:
+    auc = metric("auc")
+    check_fits(dataset(shape=(640,), labels=2), (640,), (640,), auc, "model=ad")
+    with pytest.raises(DataError, match=r"labels 0 \(normal\) and 1 \(anomalous\), both present"):
+        check_fits(dataset(shape=(640,), labels=3), (640,), (640,), auc, "model=ad")
+    with pytest.raises(DataError, match="scores a reconstruction of the input"):
+        check_fits(dataset(shape=(640,), labels=2), (640,), (2,), auc, "model=ad")
 
 
 def test_class_names_come_from_the_model_then_the_data_then_numbers() -> None:

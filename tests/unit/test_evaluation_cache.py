@@ -14,7 +14,7 @@ import pytest
 from resnet8ptq import hardware
 from resnet8ptq.backends.base import Model, QuantizedModel, Runtime
 from resnet8ptq.backends.onnx.backend import OnnxRuntimeBackend
-from resnet8ptq.evaluate import Measured, evaluate, evaluate_baseline
+from resnet8ptq.evaluate import Measured, TestSet, evaluate, evaluate_baseline
 from resnet8ptq.evaluation_cache import CACHE_SUBDIR, RECORD_FILE, EvaluationCache
 from resnet8ptq.execution import NATIVE, NATIVE_MISMATCH, evaluate_quantized
 from resnet8ptq.records import read_back_tags
@@ -25,6 +25,7 @@ RNG = np.random.default_rng(0)
 IMAGES = RNG.uniform(0, 255, size=(40, 32, 32, 3)).astype(np.float32)
 WEIGHTS = RNG.normal(size=(32 * 32 * 3, 10)).astype(np.float32)
 LABELS = (IMAGES.reshape(len(IMAGES), -1) @ WEIGHTS).argmax(axis=1)  # the unflipped predictor is always right
+TEST = TestSet(IMAGES, LABELS)
 LAYERS = [LayerPrecision("conv", "weight", "int8", 8), LayerPrecision("conv", "activation", "uint8", 8)]
 
 
@@ -61,14 +62,12 @@ def quantized(path: Path, reference: Counted, runtime: Counted) -> QuantizedMode
 
 def test_a_second_evaluation_reads_the_first_and_judges_it_again(model: Path, tmp_path: Path) -> None:
     first_model = quantized(model, Counted(), Counted(flip=2))  # the runtime parts on 2 of 40 images
-    first = evaluate_quantized(first_model, IMAGES, LABELS, "m", 10.0, cache(tmp_path).measured)
+    first = evaluate_quantized(first_model, TEST, "m", 10.0, cache(tmp_path).measured)
     assert not first.reused and first.verdict.execution == NATIVE
     assert first_model.reference.images > len(IMAGES) and first_model.runtime.predict.images > len(IMAGES)
 
     again = quantized(model, Counted(), Counted(flip=2))
-    second = evaluate_quantized(
-        again, IMAGES, LABELS, "m", 0.0, cache(tmp_path).measured
-    )  # a tolerance of 0 points
+    second = evaluate_quantized(again, TEST, "m", 0.0, cache(tmp_path).measured)  # a tolerance of 0 points
     assert again.reference.images == again.runtime.predict.images == 0  # nothing ran
     assert second.reused and read_back_tags(again, second)["eval.reused"] == "true"
     for stored, read in ((first.reference, second.reference), (first.runtime, second.runtime)):
@@ -80,15 +79,15 @@ def test_a_second_evaluation_reads_the_first_and_judges_it_again(model: Path, tm
     assert first.verdict.gap_points == second.verdict.gap_points == -5.0  # 2 of 40 images
     assert second.verdict.execution == NATIVE_MISMATCH  # judged with this run's tolerance
     assert read_back_tags(first_model, first)["eval.reused"] == "false"
-    uncached = evaluate_quantized(quantized(model, Counted(), Counted(flip=2)), IMAGES, LABELS, "m", 10.0)
+    uncached = evaluate_quantized(quantized(model, Counted(), Counted(flip=2)), TEST, "m", 10.0)
     assert not uncached.reused and np.array_equal(uncached.runtime.predictions, first.runtime.predictions)
 
 
 def test_one_program_is_stored_once_and_read_as_one(model: Path, tmp_path: Path) -> None:
     predictor = Counted()
     one = QuantizedModel(model, predictor, Runtime(predictor, False, "float"), LAYERS, [], 0.0, 0.0)
-    first = evaluate_quantized(one, IMAGES, LABELS, "m", 0.3, cache(tmp_path).measured)
-    second = evaluate_quantized(one, IMAGES, LABELS, "m", 0.3, cache(tmp_path).measured)
+    first = evaluate_quantized(one, TEST, "m", 0.3, cache(tmp_path).measured)
+    second = evaluate_quantized(one, TEST, "m", 0.3, cache(tmp_path).measured)
     assert first.runtime is first.reference and second.runtime is second.reference and second.reused
     (entry,) = (tmp_path / "cache" / CACHE_SUBDIR).glob("*/")
     assert sorted(path.name for path in entry.iterdir()) == ["probabilities_0.npy", RECORD_FILE]
@@ -96,13 +95,9 @@ def test_one_program_is_stored_once_and_read_as_one(model: Path, tmp_path: Path)
 
 def test_a_baseline_is_kept_like_a_quantized_model(model: Path, tmp_path: Path) -> None:
     predictor = Counted()
-    first = evaluate_baseline(
-        Model(predictor, model, model), IMAGES, LABELS, "fp32", cache(tmp_path).measured
-    )
+    first = evaluate_baseline(Model(predictor, model, model), TEST, "fp32", cache(tmp_path).measured)
     ran = predictor.images
-    second = evaluate_baseline(
-        Model(predictor, model, model), IMAGES, LABELS, "fp32", cache(tmp_path).measured
-    )
+    second = evaluate_baseline(Model(predictor, model, model), TEST, "fp32", cache(tmp_path).measured)
     assert predictor.images == ran and not first.reused and second.reused
     assert np.array_equal(second.evaluation.probabilities, first.evaluation.probabilities)
     assert second.latency_ms_b1 == first.latency_ms_b1
@@ -110,15 +105,15 @@ def test_a_baseline_is_kept_like_a_quantized_model(model: Path, tmp_path: Path) 
 
 def test_the_key_is_what_an_evaluation_depends_on(model: Path, tmp_path: Path) -> None:
     forms = {"fp32": True}
-    before = cache(tmp_path).key(model, forms, IMAGES, LABELS)
+    before = cache(tmp_path).key(model, forms, TEST)
     other_model = conv_model(tmp_path / "other.onnx", RNG.normal(size=(4, 2, 3, 3)).astype(np.float32))
-    assert cache(tmp_path).key(model, forms, IMAGES.copy(), LABELS.copy()) == before
+    assert cache(tmp_path).key(model, forms, TestSet(IMAGES.copy(), LABELS.copy())) == before
     for changed in (
-        cache(tmp_path).key(other_model, forms, IMAGES, LABELS),
-        cache(tmp_path).key(model, {"fp32": False}, IMAGES, LABELS),
-        cache(tmp_path).key(model, forms, IMAGES[:-1], LABELS[:-1]),
-        cache(tmp_path, test_set="another test set's digest").key(model, forms, IMAGES, LABELS),
-        cache(tmp_path, threads=2).key(model, forms, IMAGES, LABELS),
+        cache(tmp_path).key(other_model, forms, TEST),
+        cache(tmp_path).key(model, {"fp32": False}, TEST),
+        cache(tmp_path).key(model, forms, TestSet(IMAGES[:-1], LABELS[:-1])),
+        cache(tmp_path, test_set="another test set's digest").key(model, forms, TEST),
+        cache(tmp_path, threads=2).key(model, forms, TEST),
     ):
         assert changed != before
     made = EvaluationCache.of(OnnxRuntimeBackend(native=False, threads=1), tmp_path, "digest")
@@ -133,10 +128,10 @@ def test_the_key_is_what_an_evaluation_depends_on(model: Path, tmp_path: Path) -
 )
 def test_a_half_written_or_damaged_entry_is_measured_again(model: Path, tmp_path: Path, damage: str) -> None:
     def measure() -> Measured:
-        return Measured((evaluate(Counted(), IMAGES, LABELS),), 1.5)
+        return Measured((evaluate(Counted(), TEST),), 1.5)
 
     store = cache(tmp_path)
-    entry = store.root / store.key(model, {}, IMAGES, LABELS)
+    entry = store.root / store.key(model, {}, TEST)
     entry.mkdir(parents=True)
     (entry / RECORD_FILE).write_text('{"eval_seconds": [1.0], "latency_ms_b1": 2.0}')
     probabilities = entry / "probabilities_0.npy"
@@ -148,9 +143,9 @@ def test_a_half_written_or_damaged_entry_is_measured_again(model: Path, tmp_path
     elif damage == "bad record":
         np.save(probabilities, np.ones((len(IMAGES), 10), np.float32))
         (entry / RECORD_FILE).write_text('{"eval_seconds": [1.0]')
-    found = store.measured(model, {}, IMAGES, LABELS, measure)
+    found = store.measured(model, {}, TEST, measure)
     assert not found.reused and found.latency_ms_b1 == 1.5
-    again = store.measured(model, {}, IMAGES, LABELS, measure)  # the entry was replaced
+    again = store.measured(model, {}, TEST, measure)  # the entry was replaced
     assert again.reused and np.array_equal(
         again.evaluations[0].probabilities, found.evaluations[0].probabilities
     )

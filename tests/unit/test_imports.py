@@ -17,6 +17,8 @@ GROUND_FLOOR = (
     "resnet8ptq.dtype",
     "resnet8ptq.calibration",
     "resnet8ptq.entropy_threshold",  # calibration's KL threshold search: ORT and NumPy only
+    "resnet8ptq.metrics",  # how outputs are scored: NumPy and SciPy
+    "resnet8ptq.statistics",
 )
 
 

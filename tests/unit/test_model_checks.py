@@ -176,3 +176,57 @@ def test_a_static_squeeze_becomes_a_reshape() -> None:
     assert [init.name for init in static.graph.initializer] == ["output/static_shape"]  # the axes dropped
     after = ort.InferenceSession(static.SerializeToString()).run(None, {"input": images})[0]
     np.testing.assert_array_equal(after, before)
+
+
+def dense_batchnorm(shared_weight: bool = False) -> onnx.ModelProto:
+    """Keras' Dense -> BatchNormalization -> ReLU as tf2onnx writes it: Gemm, Mul, Add, Relu (two of them
+    when ``shared_weight``, the second Gemm reading the first's weights)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    constants = [
+        numpy_helper.from_array(rng.normal(size=(6, 4)).astype(np.float32), "w"),
+        numpy_helper.from_array(rng.normal(size=4).astype(np.float32), "b"),
+        numpy_helper.from_array(rng.uniform(0.5, 2, (1, 4)).astype(np.float32), "bn/mul"),
+        numpy_helper.from_array(rng.normal(size=(1, 4)).astype(np.float32), "bn/sub"),
+    ]
+    nodes = [
+        helper.make_node("Gemm", ["x", "w", "b"], ["dense"]),
+        helper.make_node("Mul", ["dense", "bn/mul"], ["scaled"]),
+        helper.make_node("Add", ["scaled", "bn/sub"], ["shifted"]),
+        helper.make_node("Relu", ["shifted"], ["y"]),
+    ]
+    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])]
+    if shared_weight:
+        nodes.append(helper.make_node("Gemm", ["x", "w", "b"], ["z"]))
+        outputs.append(helper.make_tensor_value_info("z", TensorProto.FLOAT, ["N", 4]))
+    graph = helper.make_graph(
+        nodes,
+        "dense_bn",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 6])],
+        outputs,
+        constants,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_a_batchnorm_after_a_dense_layer_folds_into_it() -> None:
+    import onnxruntime as ort
+
+    from resnet8ptq.batchnorm_fold import fold_into_dense
+
+    model = dense_batchnorm()
+    x = np.random.default_rng(1).normal(size=(5, 6)).astype(np.float32)
+    expected = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})[0]
+    folded = fold_into_dense(model)
+    assert [node.op_type for node in folded.graph.node] == ["Gemm", "Relu"]
+    assert sorted(init.name for init in folded.graph.initializer) == ["b", "w"]
+    got = ort.InferenceSession(folded.SerializeToString()).run(None, {"x": x})[0]
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_weights_another_layer_reads_are_not_folded() -> None:
+    from resnet8ptq.batchnorm_fold import fold_into_dense
+
+    folded = fold_into_dense(dense_batchnorm(shared_weight=True))
+    assert [node.op_type for node in folded.graph.node] == ["Gemm", "Mul", "Add", "Relu", "Gemm"]

@@ -106,6 +106,8 @@ def integer_model(path: Path) -> IntegerModel:
                 if not is_layout_reshape(*shapes):
                     raise ValueError(f"{source.name}: a reshape of the model input is not covered.")
                 input_name = node.name
+            elif source.op == "placeholder" and source.name in program.graph_signature.user_inputs:
+                input_name = node.name  # a model whose input needs no layout change (vectors)
         elif op and op.startswith("dequantize"):
             source = node.args[0]
             if source.op == "placeholder":
