@@ -82,16 +82,18 @@ def evaluation_files(
 def score_files(
     evaluation: Evaluation, out_dir: Path, title: str, baseline: Evaluation | None = None
 ) -> list[Artifact]:
-    """An autoencoder's anomaly scores (``predictions.csv``: sample, label, score) and its ROC curve beside
-    the FP32 model's (``roc_curve.png``)."""
+    """An autoencoder's anomaly scores (``predictions.csv``: each test input's label, score and, where the
+    data groups them, group) and the scored samples' ROC curve beside the FP32 model's (``roc_curve.png``)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     scores = out_dir / PREDICTIONS_FILE
-    pd.DataFrame({"label": evaluation.labels, "score": evaluation.predictions}).rename_axis("image").to_csv(
-        scores
-    )
-    curves = {"this run": roc_points(evaluation.predictions, evaluation.labels)}
+    table = pd.DataFrame({"label": evaluation.labels, "score": evaluation.predictions})
+    if evaluation.metric.groups is not None:
+        table["group"] = evaluation.metric.groups
+    table.rename_axis("image").to_csv(scores)
+    scored = evaluation.metric.samples  # the scored samples (an audio clip's frames pooled)
+    curves = {"this run": roc_points(*scored(evaluation.predictions, evaluation.labels))}
     if baseline is not None:
-        curves["FP32"] = roc_points(baseline.predictions, baseline.labels)
+        curves["FP32"] = roc_points(*scored(baseline.predictions, baseline.labels))
     png = draw(roc_curve_png, curves, out_dir / "roc_curve.png", f"{title}: ROC, AUC {evaluation.value:.4f}")
     return [(EVALUATION_DIR, scores), (EVALUATION_DIR, png)]
 

@@ -4,7 +4,9 @@ inputs and labels. A data set is one function here and one YAML file in conf/dat
 
 The ``.npz`` layout (:data:`NPZ_KEYS`): ``calibration_inputs`` (N, ...) and ``test_inputs`` (M, ...), what the
 model takes, any real dtype (read as float32); ``test_labels`` (M,) integers; optionally ``class_names`` (K,)
-strings. ``python -m resnet8ptq.datasets generate`` writes one of a model's input shape, of generated inputs
+strings and ``test_groups`` (M,) integers: the test inputs of one group are one scored sample (an audio
+clip's frames, scored by their mean reconstruction error as MLPerf Tiny's anomaly detection scores a
+clip). ``python -m resnet8ptq.datasets generate`` writes one of a model's input shape, of generated inputs
 (for a structural run where the real data is not at hand: its accuracy means nothing).
 """
 
@@ -53,6 +55,7 @@ class Dataset:
     class_names: tuple[str, ...] = ()
     perf_subset: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     calibration_sample: dict[str, Any] = field(default_factory=dict)
+    test_groups: np.ndarray | None = None  # per test input, the scored sample it belongs to (None: itself)
 
     @property
     def calibration_name(self) -> str:
@@ -133,6 +136,9 @@ def load_npz(path: str | Path) -> Dataset:
         raise DataError(f"{path}: test_labels hold {labels.min()}; labels are class indices from 0.")
     names = found.get("class_names")
     class_names = () if names is None else tuple(str(name) for name in np.asarray(names).ravel())
+    groups = found.get("test_groups")
+    if groups is not None:
+        groups = read_only(checked_groups(path, np.asarray(groups), labels))
     sample = {"name": f"{path.stem}-calibration", "file": str(path), "key": "calibration_inputs"}
     return Dataset(
         "npz",
@@ -144,7 +150,29 @@ def load_npz(path: str | Path) -> Dataset:
         f"sha256 {sha256_of(path)}",
         class_names,
         calibration_sample=sample,
+        test_groups=groups,
     )
+
+
+def checked_groups(path: Path, groups: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """``test_groups`` as int64, refused unless there is one integer per test input and every group's inputs
+    share one label (a group is one scored sample: an audio clip's frames)."""
+    if groups.shape != labels.shape or not np.issubdtype(groups.dtype, np.integer):
+        raise DataError(
+            f"{path}: test_groups are {groups.dtype} {groups.shape}; expected integers of shape "
+            f"{labels.shape}, one per test input."
+        )
+    names, index = np.unique(groups, return_inverse=True)
+    low, high = np.full(len(names), np.iinfo(np.int64).max), np.full(len(names), -1)
+    np.minimum.at(low, index, labels)
+    np.maximum.at(high, index, labels)
+    mixed = names[low != high]
+    if mixed.size:
+        raise DataError(
+            f"{path}: test_groups {', '.join(map(str, mixed[:5]))} hold inputs of different labels; a group "
+            "is one scored sample (an audio clip's frames) with one label."
+        )
+    return groups.astype(np.int64)
 
 
 def model_inputs(path: Path, key: str, array: np.ndarray) -> np.ndarray:

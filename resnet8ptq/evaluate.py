@@ -60,7 +60,7 @@ class Evaluation:
     @property
     def accuracy(self) -> float:
         """Top-1 accuracy as a fraction in [0, 1]: a classifier's :attr:`value`."""
-        if self.metric is not TOP1:
+        if self.metric.name != TOP1.name:
             raise ValueError(f"a model scored by {self.metric.title} has no top-1 accuracy")
         return self.value
 

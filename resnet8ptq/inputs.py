@@ -100,7 +100,8 @@ def run_inputs(cfg: DictConfig, shared: Shared) -> RunInputs:
     and the model's metric."""
     dataset = load_dataset(shared, cfg.data, cfg.cache_dir)
     logged = shared.get("run_inputs", (dataset,), lambda: logged_datasets(dataset))
-    return RunInputs(dataset, logged, metric(OmegaConf.select(cfg, "model.metric", default="top1")))
+    scored_by = metric(OmegaConf.select(cfg, "model.metric", default="top1"), dataset.test_groups)
+    return RunInputs(dataset, logged, scored_by)
 
 
 def logged_datasets(dataset: Dataset) -> LoggedDatasets:

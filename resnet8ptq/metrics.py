@@ -4,9 +4,9 @@ score, its reconstruction error, over normal (label 0) and anomalous (label 1) s
 ``01_test.py`` scores it (``sklearn.metrics.roc_auc_score`` of the mean squared error). A metric is one class
 here and one entry in :data:`METRICS`.
 
-Each metric turns the model's outputs into one value per sample (:meth:`Metric.per_sample`: the predicted
-class, the anomaly score): what a run's digests, the integer device and TFLite Micro compare with the
-reference. Its value is a fraction in [0, 1], higher is better, logged under its own MLflow name
+Each metric turns the model's outputs into one value per test input (:meth:`Metric.per_sample`: the
+predicted class, the anomaly score): what a run's digests, the integer device and TFLite Micro compare with
+the reference. Its value is a fraction in [0, 1], higher is better, logged under its own MLflow name
 (:attr:`Metric.key`: ``accuracy``, ``auc``).
 """
 
@@ -30,10 +30,15 @@ class Metric(ABC):
     ]  # the MLflow metrics' name: `<key>`, `<key>_ci_low`, `<key>_delta`, `<key>_device`, ...
     title: ClassVar[str]  # in words, in logs and reports
     per_class: ClassVar[bool]  # the outputs are classes: per-class accuracy and a confusion matrix apply
+    groups: np.ndarray | None = None  # per test input, the scored sample it belongs to (None: itself)
 
     @abstractmethod
     def per_sample(self, outputs: np.ndarray, inputs: np.ndarray) -> np.ndarray:
         """(N,) one value per sample from the model's ``outputs`` on ``inputs``."""
+
+    def samples(self, per_sample: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The scored samples' values and labels (each test input is one, unless the metric pools them)."""
+        return np.asarray(per_sample), np.asarray(labels)
 
     @abstractmethod
     def agree(self, first: np.ndarray, second: np.ndarray) -> np.ndarray:
@@ -92,12 +97,26 @@ bits of their outputs; one int8 output code of 640 moves a score by more)."""
 
 
 class ReconstructionAuc(Metric):
-    """An autoencoder's AUC: each sample's anomaly score is the mean squared error of its reconstruction; the
-    AUC is the Mann-Whitney statistic of the anomalous samples' scores over the normal ones' (ties count
-    half, as ``roc_auc_score``'s), its interval DeLong's (DeLong, DeLong and Clarke-Pearson, Biometrics 1988;
-    Sun and Xu's rank form, IEEE SPL 2014)."""
+    """An autoencoder's AUC: each input's anomaly score is the mean squared error of its reconstruction, a
+    sample's the mean of its inputs' (``groups``: the sample of each test input, as MLPerf Tiny scores an
+    audio clip by the mean over its frames; None: each input is a sample); the AUC is the Mann-Whitney
+    statistic of the anomalous samples' scores over the normal ones' (ties count half, as
+    ``roc_auc_score``'s), its interval DeLong's (DeLong, DeLong and Clarke-Pearson, Biometrics 1988; Sun and
+    Xu's rank form, IEEE SPL 2014)."""
 
     name, key, title, per_class = "auc", "auc", "AUC", False
+
+    def __init__(self, groups: np.ndarray | None = None) -> None:
+        self.groups = groups
+
+    def samples(self, per_sample: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The scored samples' anomaly scores and labels: each group's mean score and its label."""
+        if self.groups is None:
+            return np.asarray(per_sample, np.float64), np.asarray(labels)
+        _, index = np.unique(self.groups, return_inverse=True)
+        scores = np.bincount(index, weights=per_sample) / np.bincount(index)
+        first = np.unique(index, return_index=True)[1]
+        return scores, np.asarray(labels)[first]
 
     def per_sample(self, outputs: np.ndarray, inputs: np.ndarray) -> np.ndarray:
         n = len(inputs)
@@ -108,12 +127,12 @@ class ReconstructionAuc(Metric):
         return np.isclose(first, second, rtol=SCORE_RTOL, atol=0.0)
 
     def value(self, per_sample: np.ndarray, labels: np.ndarray) -> float:
-        return float(np.mean(_placements(per_sample, labels)[0]))
+        return float(np.mean(_placements(*self.samples(per_sample, labels))[0]))
 
     def interval(self, per_sample: np.ndarray, labels: np.ndarray) -> tuple[float, float]:
         from scipy.special import ndtri
 
-        anomalous, normal = _placements(per_sample, labels)
+        anomalous, normal = _placements(*self.samples(per_sample, labels))
         auc = float(np.mean(anomalous))
         variance = np.var(anomalous, ddof=1) / len(anomalous) + np.var(normal, ddof=1) / len(normal)
         half = float(ndtri(0.5 + CONFIDENCE / 2)) * float(np.sqrt(variance))
@@ -177,10 +196,11 @@ def as_accuracy(logged: dict[str, float], name: str) -> dict[str, float]:
     return {(TOP1.key + n[len(key) :] if n.startswith(key) else n): value for n, value in logged.items()}
 
 
-def metric(name: str) -> Metric:
-    """The metric the model's ``metric`` setting names."""
+def metric(name: str, groups: np.ndarray | None = None) -> Metric:
+    """The metric the model's ``metric`` setting names (``groups``: the data's ``test_groups``, which an AUC
+    pools by)."""
     if name not in METRICS:
         from resnet8ptq.errors import ConfigError
 
         raise ConfigError(f"model.metric={name!r}: expected one of {', '.join(METRICS)}.")
-    return METRICS[name]
+    return ReconstructionAuc(groups) if name == "auc" and groups is not None else METRICS[name]

@@ -25,8 +25,12 @@ def uncovered(onnx_path: Path, crossbar: bool = False) -> list[str]:
     import onnx
     from onnx import numpy_helper
 
-    graph = onnx.load(onnx_path, load_external_data=False).graph
+    graph = onnx.shape_inference.infer_shapes(onnx.load(onnx_path, load_external_data=False)).graph
     constants = {init.name: numpy_helper.to_array(init) for init in graph.initializer}
+    shapes = {
+        info.name: [d.dim_value if d.HasField("dim_value") else None for d in info.type.tensor_type.shape.dim]
+        for info in [*graph.input, *graph.value_info]
+    }
     found = []
     for node in graph.node:
         attributes = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
@@ -34,9 +38,21 @@ def uncovered(onnx_path: Path, crossbar: bool = False) -> list[str]:
             found.append(f"{node.op_type} ({node.name or node.output[0]})")
         elif node.op_type == "Clip" and float(constants.get([*node.input, ""][1], 1.0)) != 0.0:
             found.append(f"Clip not from 0 ({node.name or node.output[0]})")
+        elif node.op_type == "AveragePool" and not whole_input(attributes, shapes.get(node.input[0], [])):
+            window = "x".join(map(str, attributes.get("kernel_shape", [])))
+            found.append(f"AveragePool {window}, not over its whole input ({node.name or node.output[0]})")
         elif crossbar and node.op_type == "Conv" and attributes.get("group", 1) > 1:
             found.append(f"grouped Conv, {attributes['group']} groups ({node.name or node.output[0]})")
     return found
+
+
+def whole_input(attributes: dict, shape: list[int | None]) -> bool:
+    """Whether an AveragePool averages each channel's whole (N, C, H, W) input, unpadded: the one pool the
+    device's average computes (a global average, as Keras' AveragePooling2D over the last feature map)."""
+    spatial, padding = shape[2:], attributes.get("auto_pad", b"NOTSET")
+    unpadded = not any(attributes.get("pads", [])) and padding in (b"NOTSET", "NOTSET")
+    whole = bool(spatial) and None not in spatial and list(attributes.get("kernel_shape", [])) == spatial
+    return whole and unpadded
 
 
 def check_coverage(onnx_path: Path, kind: str, model: str) -> None:
@@ -46,7 +62,8 @@ def check_coverage(onnx_path: Path, kind: str, model: str) -> None:
         shown = ", ".join(found[:8]) + (f" and {len(found) - 8} more" if len(found) > 8 else "")
         raise Unsupported(
             f"device={kind} cannot run {model}: {shown}. The integer device computes Conv (grouped: "
-            "device=integer only), Gemm, Add, AveragePool and MaxPool, with ReLU or ReLU6 after a layer; "
+            "device=integer only), Gemm, Add, AveragePool over a whole input and MaxPool, with ReLU or ReLU6 "
+            "after a layer; "
             "fold other arithmetic into the model's layers (e.g. a Rescaling into the data), or set "
             "device=none."
         )

@@ -108,3 +108,29 @@ def test_the_generator_writes_what_the_reader_takes(tmp_path: Path, capsys: pyte
     assert set(data.test_labels) <= {0, 1}
     again = load_npz(generate(tmp_path / "again.npz", (96, 96, 3), 2, 5, 200, 0))
     assert np.array_equal(again.test_inputs, data.test_inputs)  # seeded
+
+
+def test_groups_are_one_label_each(tmp_path: Path) -> None:
+    inputs = np.zeros((6, 640), np.float32)
+    path = tmp_path / "ad.npz"
+    labels = np.array([0, 0, 1, 1, 0, 1])
+    np.savez(
+        path,
+        calibration_inputs=inputs,
+        test_inputs=inputs,
+        test_labels=labels,
+        test_groups=[0, 0, 1, 1, 2, 3],
+    )
+    assert load_npz(path).test_groups.tolist() == [0, 0, 1, 1, 2, 3]
+    np.savez(
+        path,
+        calibration_inputs=inputs,
+        test_inputs=inputs,
+        test_labels=labels,
+        test_groups=[0, 0, 0, 1, 2, 3],
+    )
+    with pytest.raises(DataError, match="test_groups 0 hold inputs of different labels"):
+        load_npz(path)
+    np.savez(path, calibration_inputs=inputs, test_inputs=inputs, test_labels=labels, test_groups=[0.5] * 6)
+    with pytest.raises(DataError, match="test_groups are float64"):
+        load_npz(path)

@@ -14,21 +14,26 @@ from resnet8ptq.device.coverage import check_coverage, uncovered
 from resnet8ptq.errors import Unsupported
 
 
-def network(path: Path, first: str = "Relu", clip_low: float = 0.0) -> Path:
+def network(path: Path, first: str = "Relu", clip_low: float = 0.0, pool: str = "GlobalAveragePool") -> Path:
     """input -> ``first`` (Relu, Mul by a constant, or Clip from ``clip_low`` to 6) -> depthwise Conv -> Relu
-    -> GlobalAveragePool (not covered) -> Flatten -> Gemm."""
+    -> ``pool`` (GlobalAveragePool (not covered), AveragePool of 8x8 or of 2x2) -> Flatten -> Gemm."""
     rng = np.random.default_rng(0)
     nodes = {
         "Relu": helper.make_node("Relu", ["input"], ["a"], name="first"),
         "Mul": helper.make_node("Mul", ["input", "scale"], ["a"], name="rescale"),
         "Clip": helper.make_node("Clip", ["input", "low", "six"], ["a"], name="clip"),
     }
+    pools = {
+        "GlobalAveragePool": helper.make_node("GlobalAveragePool", ["c"], ["d"], name="gap"),
+        "AveragePool8": helper.make_node("AveragePool", ["c"], ["d"], name="pool", kernel_shape=[8, 8]),
+        "AveragePool2": helper.make_node("AveragePool", ["c"], ["d"], name="pool", kernel_shape=[2, 2]),
+    }
     graph = helper.make_graph(
         [
             nodes[first],
             helper.make_node("Conv", ["a", "w"], ["b"], name="dw", group=4, pads=[1, 1, 1, 1]),
             helper.make_node("Relu", ["b"], ["c"]),
-            helper.make_node("GlobalAveragePool", ["c"], ["d"], name="gap"),
+            pools[pool],
             helper.make_node("Flatten", ["d"], ["e"]),
             helper.make_node("Gemm", ["e", "fc", "bias"], ["output"], transB=1),
         ],
@@ -56,6 +61,13 @@ def test_every_uncovered_operator_is_named(tmp_path: Path) -> None:
     assert uncovered(network(tmp_path / "e.onnx"), crossbar=True) == [
         "grouped Conv, 4 groups (dw)",
         "GlobalAveragePool (gap)",
+    ]
+
+
+def test_an_average_pool_is_covered_over_its_whole_input_only(tmp_path: Path) -> None:
+    assert uncovered(network(tmp_path / "a.onnx", pool="AveragePool8")) == []
+    assert uncovered(network(tmp_path / "b.onnx", pool="AveragePool2")) == [
+        "AveragePool 2x2, not over its whole input (pool)"
     ]
 
 

@@ -76,3 +76,19 @@ def test_what_each_metric_refuses() -> None:
 def test_scores_agree_within_their_tolerance_classes_exactly() -> None:
     assert AUC.agree(np.array([1.0, 1.0]), np.array([1.0 + 1e-6, 1.01])).tolist() == [True, False]
     assert TOP1.agree(np.array([3, 4]), np.array([3, 5])).tolist() == [True, False]
+
+
+def test_an_audio_clips_frames_are_one_sample_scored_by_their_mean_error() -> None:
+    """MLPerf Tiny's 01_test.py: a clip's score is the mean of its frames' reconstruction errors, the AUC over
+    clips."""
+    from resnet8ptq.metrics import ReconstructionAuc
+
+    rng = np.random.default_rng(4)
+    clips = rng.integers(0, 2, 30)
+    groups = np.repeat(np.arange(30), 7)
+    frames = rng.normal(size=210) + 0.5 * np.repeat(clips, 7)
+    pooled = metric("auc", groups)
+    assert isinstance(pooled, ReconstructionAuc) and metric("auc") is not pooled
+    expected = roc_auc_score(clips, frames.reshape(30, 7).mean(axis=1))
+    assert pooled.value(frames, np.repeat(clips, 7)) == pytest.approx(expected, abs=1e-12)
+    assert AUC.value(frames, np.repeat(clips, 7)) != pytest.approx(expected, abs=1e-6)  # frames as samples
