@@ -1,8 +1,8 @@
 """How a model's outputs are scored (the model's ``metric``, conf/model/): top-1 accuracy for a classifier;
 for an autoencoder (MLPerf Tiny's anomaly detection), the area under the ROC curve of each sample's anomaly
-score, its reconstruction error, over normal (label 0) and anomalous (label 1) samples, as MLPerf's
-``01_test.py`` scores it (``sklearn.metrics.roc_auc_score`` of the mean squared error). A metric is one class
-here and one entry in :data:`METRICS`.
+score over normal (label 0) and anomalous (label 1) samples, as MLPerf's ``01_test.py`` scores it
+(``sklearn.metrics.roc_auc_score`` of each audio clip's mean over its frames of their mean squared
+reconstruction error). A metric is one class here and one entry in :data:`METRICS`.
 
 Each metric turns the model's outputs into one value per test input (:meth:`Metric.per_sample`: the
 predicted class, the anomaly score): what a run's digests, the integer device and TFLite Micro compare with
@@ -25,9 +25,7 @@ class Metric(ABC):
     """How a model's outputs are scored."""
 
     name: ClassVar[str]  # the model's `metric` setting
-    key: ClassVar[
-        str
-    ]  # the MLflow metrics' name: `<key>`, `<key>_ci_low`, `<key>_delta`, `<key>_device`, ...
+    key: ClassVar[str]  # its MLflow metrics' names: `<key>`, `<key>_ci_low`, `<key>_delta`, `<key>_device`
     title: ClassVar[str]  # in words, in logs and reports
     per_class: ClassVar[bool]  # the outputs are classes: per-class accuracy and a confusion matrix apply
     groups: np.ndarray | None = None  # per test input, the scored sample it belongs to (None: itself)

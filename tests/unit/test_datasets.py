@@ -111,26 +111,14 @@ def test_the_generator_writes_what_the_reader_takes(tmp_path: Path, capsys: pyte
 
 
 def test_groups_are_one_label_each(tmp_path: Path) -> None:
-    inputs = np.zeros((6, 640), np.float32)
-    path = tmp_path / "ad.npz"
-    labels = np.array([0, 0, 1, 1, 0, 1])
-    np.savez(
-        path,
-        calibration_inputs=inputs,
-        test_inputs=inputs,
-        test_labels=labels,
-        test_groups=[0, 0, 1, 1, 2, 3],
-    )
-    assert load_npz(path).test_groups.tolist() == [0, 0, 1, 1, 2, 3]
-    np.savez(
-        path,
-        calibration_inputs=inputs,
-        test_inputs=inputs,
-        test_labels=labels,
-        test_groups=[0, 0, 0, 1, 2, 3],
-    )
+    def written(groups: list) -> Path:
+        inputs, path = np.zeros((6, 640), np.float32), tmp_path / "ad.npz"
+        labels = np.array([0, 0, 1, 1, 0, 1])
+        np.savez(path, calibration_inputs=inputs, test_inputs=inputs, test_labels=labels, test_groups=groups)
+        return path
+
+    assert load_npz(written([0, 0, 1, 1, 2, 3])).test_groups.tolist() == [0, 0, 1, 1, 2, 3]
     with pytest.raises(DataError, match="test_groups 0 hold inputs of different labels"):
-        load_npz(path)
-    np.savez(path, calibration_inputs=inputs, test_inputs=inputs, test_labels=labels, test_groups=[0.5] * 6)
+        load_npz(written([0, 0, 0, 1, 2, 3]))
     with pytest.raises(DataError, match="test_groups are float64"):
-        load_npz(path)
+        load_npz(written([0.5] * 6))
