@@ -253,7 +253,6 @@ def evaluate_device(
     start = time.perf_counter()
     name, reference_predictions = evaluated.name, evaluated.reference.predictions
     images, labels, perf_subset, metric = data.test_images, data.test_labels, data.perf_subset, data.metric
-    perf_subset = perf_subset if metric.per_class else perf_subset[:0]
     calibration_images = data.calibration_images
     dac = dac_ranges(model, device, calibration_images, adc_profiles)
     steps = adc_steps(model, device, calibration_images, adc_profiles, dac, learned)

@@ -364,9 +364,3 @@ def execute(
             if progress:
                 progress(len(tensors[model.output]))
     return np.concatenate(logits), trace
-
-
-def predictions(model: IntegerModel, logits: np.ndarray) -> np.ndarray:
-    """The predicted class of each image: the argmax of the logits' real values (per-channel scales differ
-    when the last layer's accumulator is the output), the first class on a tie."""
-    return model.dequantize_output(logits).argmax(axis=1)

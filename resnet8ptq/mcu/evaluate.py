@@ -115,7 +115,7 @@ class McuResult:
             "mcu_differing_predictions": self.differing_predictions,
             **(
                 {"accuracy_mcu_perf_subset": subset_accuracy(self.predictions, self.labels, self.perf_subset)}
-                if self.perf_subset.size and self.metric.per_class
+                if self.perf_subset.size
                 else {}
             ),
             "mcu_differing_outputs": self.differing_outputs,

@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 
 from resnet8ptq.markdown import Table
-from resnet8ptq.report.runs import configured
+from resnet8ptq.report.runs import configured, scored_by_auc
 
 
 def score(value_pct: float, metric: str) -> str:
@@ -55,9 +55,7 @@ def network_rows(table: pd.DataFrame) -> Table:
 
 def metric_note(table: pd.DataFrame) -> str | None:
     """The sentence that says which networks' `accuracy` is an AUC; None when every run is a classifier's."""
-    if "metric" not in table:
-        return None
-    scored = sorted(set(table.loc[table["metric"].fillna("top1") == "auc", "network"]))
+    scored = sorted(set(table.loc[scored_by_auc(table), "network"]))
     if not scored:
         return None
     return (

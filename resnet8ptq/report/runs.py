@@ -156,6 +156,7 @@ def runs_frame(runs: Iterable[Run]) -> pd.DataFrame:
         machine = Hardware.from_tags(tags)
         raised = tags.get("mixed_precision.raised", "")
         network = tags.get("model", "resnet8")  # runs made before the `model` group ran ResNet8
+        metric = tags.get("metric", "top1")  # runs made before the metric was configuration: top-1
         backend = tags.get("backend") or params.get("backend", "?")
         rows.append(
             {
@@ -196,9 +197,9 @@ def runs_frame(runs: Iterable[Run]) -> pd.DataFrame:
                 "mcu_fits": tags.get("mcu.fits", ""),
                 "cost_model": tags.get("device.cost_model", ""),
                 **device_columns(tags),
-                "metric": tags.get("metric", "top1"),
+                "metric": metric,
                 "quality_target": pd.to_numeric(params.get("model.quality_target"), errors="coerce"),
-                **as_accuracy(metrics, tags.get("metric", "top1")),
+                **as_accuracy(metrics, metric),
             }
         )
     frame = pd.DataFrame(rows) if rows else pd.DataFrame(columns=EMPTY_COLUMNS).astype({"quantized": bool})
@@ -381,8 +382,15 @@ def accuracy_name(table: pd.DataFrame) -> str:
     """What the report calls the accuracy it compares by: `accuracy on the device` when a run has one; `/ AUC`
     beside it when a network is scored by AUC (:func:`metric_note`)."""
     name = "accuracy on the device" if table["on_device"].any() else "accuracy"
-    scored = table["metric"].fillna("top1") != "top1" if "metric" in table else pd.Series(False)
-    return f"{name} / AUC" if scored.any() else name
+    return f"{name} / AUC" if scored_by_auc(table).any() else name
+
+
+def scored_by_auc(table: pd.DataFrame) -> pd.Series:
+    """Which rows are runs of a model scored by AUC, whose ``accuracy*`` columns hold an AUC (a table built
+    without a ``metric`` column: none)."""
+    if "metric" not in table:
+        return pd.Series(False, index=table.index)
+    return table["metric"].fillna("top1") == "auc"
 
 
 def compared_note(table: pd.DataFrame) -> str | None:

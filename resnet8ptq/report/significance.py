@@ -15,7 +15,7 @@ from mlflow.tracking import MlflowClient
 
 from resnet8ptq.artifacts import EVALUATION_DIR, PREDICTIONS_FILE
 from resnet8ptq.data import CLASS_NAMES
-from resnet8ptq.report.runs import CLASS_METRIC, TEST_COLUMNS, configured, int8_configurations
+from resnet8ptq.report.runs import CLASS_METRIC, TEST_COLUMNS, configured, int8_configurations, scored_by_auc
 from resnet8ptq.statistics import holm, mcnemar
 from resnet8ptq.tracking.models import quiet_downloads
 
@@ -33,8 +33,7 @@ def prediction_sources(table: pd.DataFrame) -> dict[str, Source]:
     (``accuracy_device_std`` > 0) has none: its predictions file holds one draw, which does not stand for
     the mean; nor has a run scored by AUC (McNemar's test compares right and wrong predictions)."""
     noisy = table["on_device"] & (table["accuracy_device_std"].fillna(0) > 0)
-    if "metric" in table:  # an AUC is not a count of right predictions
-        noisy |= table["metric"].fillna("top1") != "top1"
+    noisy |= scored_by_auc(table)  # an AUC is not a count of right predictions
     return {
         row.run_id: DEVICE_PREDICTIONS if row.on_device else REFERENCE_PREDICTIONS
         for row in table[~noisy].itertuples()
