@@ -74,7 +74,7 @@ explore: $(PROJECT)  ## run explorer on http://$(HOST):$(EXPLORE_PORT) (TRACKING
 
 lock:  ## regenerate requirements.lock from pyproject.toml in a scratch venv
 	rm -rf .lock-venv && python=$$(scripts/find-python $(PYTHON_VERSION)) && $$python -m venv .lock-venv
-	.lock-venv/bin/pip install --quiet ".[torch,dev,explore]"
+	.lock-venv/bin/pip install --quiet ".[torch,dev,explore,mlperf-data]"
 	{ head -2 requirements.lock; .lock-venv/bin/pip freeze --exclude-editable | grep -v '^resnet8ptq'; } > requirements.lock.new
 	mv requirements.lock.new requirements.lock && rm -rf .lock-venv
 	scripts/sync-uv-lock  # uv.lock from the same pins (needs uv)

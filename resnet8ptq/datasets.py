@@ -269,7 +269,10 @@ def model_shape(model: str, overrides: list[str]) -> tuple[tuple[int, ...], int]
 
 def main(argv: list[str] | None = None) -> None:
     """``python -m resnet8ptq.datasets generate --model vww`` (writes vww.npz) or ``--shape 96,96,3
-    --classes 2 OUT.npz``."""
+    --classes 2 OUT.npz``; ``prepare vww --source DIR`` (MLPerf Tiny's own data set:
+    :mod:`resnet8ptq.mlperf_data`)."""
+    from resnet8ptq.mlperf_data import Options, prepare, preparers
+
     parser = argparse.ArgumentParser(prog="python -m resnet8ptq.datasets", description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     make = commands.add_parser("generate", help="write an .npz of generated inputs of a model's shape")
@@ -282,7 +285,22 @@ def main(argv: list[str] | None = None) -> None:
     make.add_argument("--seed", type=int, default=0)
     what = "a setting of the model, e.g. model.path=my_net.h5 (with --model custom)"
     make.add_argument("--override", action="append", default=[], metavar="KEY=VALUE", help=what)
+    ready = commands.add_parser(
+        "prepare", help="prepare an MLPerf Tiny data set from your copy, as MLPerf does"
+    )
+    ready.add_argument("name", choices=sorted(preparers()), help="the network whose data set it is")
+    ready.add_argument("--source", type=Path, required=True, help="your copy's folder (see the docs)")
+    ready.add_argument("--calibration-source", type=Path, help="kws: Speech Commands' main archive's folder")
+    ready.add_argument("--out", type=Path, help="the .npz file to write (default: <name>.npz)")
+    ready.add_argument("--calibration", type=int, default=200, help="calibration inputs (default 200)")
+    ready.add_argument("--seed", type=int, default=0, help="the calibration sample's seed")
+    ready.add_argument("--machine-id", help="ad: one machine ID's test clips (01, id_01); default: all")
     args = parser.parse_args(argv)
+    if args.command == "prepare":
+        options = Options(args.calibration, args.seed, args.calibration_source, args.machine_id)
+        written = prepare(args.name, args.source, args.out or Path(f"{args.name}.npz"), options)
+        print(f"wrote {written}: model={args.name} data=npz data.path={written}")
+        return
     if args.model is not None:
         shape, classes = model_shape(args.model, args.override)
         out = args.out or Path(f"{args.model}.npz")
