@@ -8,8 +8,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from resnet8ptq.data import CLASS_NAMES
-from resnet8ptq.report.runs import CLASS_METRIC, configured, without_device
+from resnet8ptq.report.classes import class_columns
+from resnet8ptq.report.runs import configured, without_device
 from resnet8ptq.statistics import significant
 
 SIZE_TOLERANCE = 0.01  # model sizes within 1% count as equal when picking the smallest
@@ -153,21 +153,30 @@ def _fastest_per_machine(table: pd.DataFrame, pool: pd.DataFrame) -> list[Pick |
 
 
 def class_deltas(table: pd.DataFrame) -> pd.DataFrame:
-    """Per-class accuracy change vs the FP32 baseline of the same backend, in points (classes x configs); a
+    """Per-class accuracy change vs the FP32 baseline of the same backend, in points (classes x configs),
+    each run over its own network's classes (``network: class`` where the table holds several networks); a
     device run's on the device (:func:`~resnet8ptq.report.significance.with_device_classes`), left out where
     unknown."""
-    columns = [f"{CLASS_METRIC}{name}" for name in CLASS_NAMES]
-    baselines = table[~table["quantized"]].drop_duplicates("backend").set_index("backend")[columns]
-    deltas = {
-        row["label"]: (row[columns].to_numpy(float) - baselines.loc[row["backend"]].to_numpy(float)) * 100
-        for _, row in table[table["quantized"]].iterrows()
-        if row["backend"] in baselines.index and row[columns].notna().all()
-    }
-    return pd.DataFrame(deltas, index=list(CLASS_NAMES), dtype=float)
+    baselines = table[~table["quantized"]].drop_duplicates("backend").set_index("backend")
+    several = len(set(table.get("network", ()))) > 1
+    deltas, order = {}, []
+    for _, row in table[table["quantized"]].iterrows():
+        columns = class_columns(row["classes"])
+        if row["backend"] not in baselines.index or not columns or not set(columns) <= set(table.columns):
+            continue
+        values = row[columns].to_numpy(float)
+        baseline = baselines.loc[row["backend"], columns].to_numpy(float)
+        if np.isnan(values).any() or np.isnan(baseline).any():
+            continue
+        names = [f"{row['network']}: {name}" if several else name for name in row["classes"]]
+        deltas[row["label"]] = pd.Series((values - baseline) * 100, index=names)
+        order += [name for name in names if name not in order]
+    return pd.DataFrame(deltas, index=order, dtype=float)
 
 
 def worst_classes(deltas: pd.DataFrame, limit: int = 5) -> pd.DataFrame:
     """The classes that lose the most: each class's worst change (points), under which config, the mean."""
+    deltas = deltas.dropna(how="all")  # a class of a network no configuration here changed
     if deltas.empty:
         return pd.DataFrame(columns=["class", "worst_points", "config", "mean_points"])
     worst = pd.DataFrame(

@@ -27,7 +27,8 @@ def class_delta_heatmap_png(deltas: pd.DataFrame, path: Path) -> Path:
     values = deltas.to_numpy(float)
     limit = max(float(np.nanmax(np.abs(values))) if np.isfinite(values).any() else 0.0, 0.5)
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(min(max(6.0, 0.9 * values.shape[1] + 3.0), 30.0), 6.0))
+    width, height = 0.9 * values.shape[1] + 3.0, 0.35 * values.shape[0] + 2.0  # inches: columns, classes
+    fig, ax = plt.subplots(figsize=(min(max(6.0, width), 30.0), min(max(6.0, height), 30.0)))
     image = ax.imshow(values, cmap="RdBu", vmin=-limit, vmax=limit, aspect="auto")
     fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04, label="change vs FP32 (points)")
     ax.set_xticks(np.arange(values.shape[1]))

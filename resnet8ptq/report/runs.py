@@ -17,12 +17,12 @@ from resnet8ptq.errors import ReportError
 from resnet8ptq.hardware import Hardware
 from resnet8ptq.metrics import as_accuracy
 from resnet8ptq.records import REFERENCE_TAG
+from resnet8ptq.report.classes import CLASS_METRIC, run_classes
 from resnet8ptq.statistics import accuracy_interval
 from resnet8ptq.tracking import schema
 from resnet8ptq.tracking.identity import ADDED_DEFAULTS, config_hash
 from resnet8ptq.tracking.search import where
 
-CLASS_METRIC = "class_acc/"
 TEST_COLUMNS = (  # paired tests' p-values (significance.paired_tests)
     "p_vs_fp32",
     "p_vs_fp32_holm",
@@ -169,6 +169,7 @@ def runs_frame(runs: Iterable[Run]) -> pd.DataFrame:
                 # toolchain is a "backend" of its own here (``kws:onnx``); ResNet8's keep their names.
                 "backend": backend if network == "resnet8" else f"{network}:{backend}",
                 "network": network,
+                "classes": run_classes(tags, metrics, network),
                 "dtype": dtype if quantized else "fp32",
                 "activation": activation,
                 "weight": weight,
@@ -203,7 +204,8 @@ def runs_frame(runs: Iterable[Run]) -> pd.DataFrame:
             }
         )
     frame = pd.DataFrame(rows) if rows else pd.DataFrame(columns=EMPTY_COLUMNS).astype({"quantized": bool})
-    for column in (*METRIC_COLUMNS, *schema.stage_names("metric")):
+    per_class = [column for column in frame.columns if column.startswith(CLASS_METRIC)]  # any network's
+    for column in (*METRIC_COLUMNS, *schema.stage_names("metric"), *per_class):
         frame[column] = frame[column].astype(float) if column in frame else np.nan
     frame["config"] = _configs(frame)
     frame["label"] = _labels(frame)

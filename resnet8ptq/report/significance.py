@@ -14,8 +14,8 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from resnet8ptq.artifacts import EVALUATION_DIR, PREDICTIONS_FILE
-from resnet8ptq.data import CLASS_NAMES
-from resnet8ptq.report.runs import CLASS_METRIC, TEST_COLUMNS, configured, int8_configurations, scored_by_auc
+from resnet8ptq.report.classes import class_columns
+from resnet8ptq.report.runs import TEST_COLUMNS, configured, int8_configurations, scored_by_auc
 from resnet8ptq.statistics import holm, mcnemar
 from resnet8ptq.tracking.models import quiet_downloads
 
@@ -69,17 +69,20 @@ def load_correctness(
 def with_device_classes(
     table: pd.DataFrame, correct: dict[str, np.ndarray], labels: np.ndarray | None
 ) -> pd.DataFrame:
-    """The table with a device run's per-class accuracies (``class_acc/*``) on the device, from its device
-    predictions (``correct``); NaN where they are not known (no predictions, or a noisy run's mean over
-    draws). The logged ``class_acc/*`` of a device run are its reference's."""
+    """The table with a device run's per-class accuracies (``class_acc/*`` of its network's classes) on the
+    device, from its device predictions (``correct``); NaN where they are not known (no predictions, or a
+    noisy run's mean over draws). The logged ``class_acc/*`` of a device run are its reference's."""
     table = table.copy()
-    columns = [f"{CLASS_METRIC}{name}" for name in CLASS_NAMES]
     for index in table.index[table["on_device"]]:
+        classes = table.at[index, "classes"]
+        columns = class_columns(classes)
         run = correct.get(table.at[index, "run_id"])
-        known = run is not None and labels is not None
-        table.loc[index, columns] = (
-            [float(run[labels == k].mean()) for k in range(len(CLASS_NAMES))] if known else np.nan
-        )
+        known = run is not None and labels is not None and len(classes) > 0
+        values = [float(run[labels == k].mean()) for k in range(len(classes))] if known else np.nan
+        for column in columns:
+            if column not in table:
+                table[column] = np.nan
+        table.loc[index, columns] = values
     return table
 
 

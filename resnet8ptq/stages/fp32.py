@@ -3,6 +3,7 @@ sweep and backend), and the run's context tags."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,6 +58,7 @@ class Fp32Stage(Stage):
             "model": cfg.model.name,
             "data": inputs.dataset.name,
             "metric": inputs.metric.name,
+            "classes": json.dumps(list(classes)),  # label order, for the report's per-class view
             "data.verified": inputs.dataset.verified,
             "model.sha256": canonical.source_sha256,
             **{f"version.{lib}": version for lib, version in backend.versions().items()},

@@ -129,6 +129,7 @@ TAGS = {
     "model": "the network (`model` group: resnet8, dscnn, vww, kws, ad, custom)",
     "data": "the data set (`data` group: cifar10, npz)",
     "metric": "how the model's outputs are scored (`model.metric`: top1, auc)",
+    "classes": "the model's classes in label order, a JSON list (`model.classes`, else the data's names)",
     "data.verified": "how the data was verified (CIFAR-10: md5 and layout; an .npz: its sha256)",
     "model.sha256": "the sha256 of the model file the run started from",
     "digest.model": "the saved model's content without its metadata (16 hex of SHA-256; see digests.py)",
