@@ -318,7 +318,7 @@ def _(ex, go, make_subplots, mo, np, pick_a, pick_b, root, source_pick, thumbs, 
             mo.md(f"**Where the runs part** (as `python -m resnet8ptq.diff A B`, stage by stage): {first}.")
         )
         parts.append(mo.ui.table(where, selection=None, pagination=False, show_column_summaries=False))
-        classes = [ex.class_accuracy(r.data.metrics) for r in (run_a, run_b)]
+        classes = [ex.class_accuracy(r.data.tags, r.data.metrics) for r in (run_a, run_b)]
         bars = go.Figure(
             [
                 go.Bar(x=c.index, y=100 * c.to_numpy(), name=n)
@@ -356,21 +356,27 @@ def _(ex, go, make_subplots, mo, np, pick_a, pick_b, root, source_pick, thumbs, 
             parts.append(mo.as_html(figure))
         tables = [ex.predictions(uri, r, source_pick.value) for r in (a, b)]
         if any(t is None for t in tables):
-            parts.append(mo.md(f"No `{source_pick.value}/predictions.csv` logged by both runs."))
+            parts.append(
+                mo.md(
+                    f"No predicted classes in `{source_pick.value}/predictions.csv` of both runs (an AUC run "
+                    "logs scores: see its `evaluation/roc_curve.png`)."
+                )
+            )
             return parts
         try:
             only_a, only_b = ex.disagreements(*tables)
         except ValueError as error:
             parts.append(mo.md(f"Images not compared: {error}."))
             return parts
-        try:
-            images, labels = ex.test_set(root)
-        except Exception as error:  # no CIFAR-10 here: the indices only
-            images, labels = None, None
-            parts.append(
-                mo.md(f"No thumbnails (CIFAR-10 not read from `{root}`: {error}); --data-root sets it.")
-            )
-        from resnet8ptq.data import CLASS_NAMES
+        images, labels = None, None
+        names = ex.class_names(run_a.data.tags, run_a.data.metrics)
+        if run_a.data.tags.get("data", "cifar10") == "cifar10":  # thumbnails of CIFAR-10's test images
+            try:
+                images, labels = ex.test_set(root)
+            except Exception as error:  # no CIFAR-10 here: the indices only
+                parts.append(
+                    mo.md(f"No thumbnails (CIFAR-10 not read from `{root}`: {error}); --data-root sets it.")
+                )
 
         for title, indices in ((f"{name_a} right, B wrong", only_a), (f"{name_b} right, A wrong", only_b)):
             shown_ = indices[: thumbs.value]
@@ -378,8 +384,7 @@ def _(ex, go, make_subplots, mo, np, pick_a, pick_b, root, source_pick, thumbs, 
             for index in shown_:
                 row_a, row_b = tables[0].loc[index], tables[1].loc[index]
                 caption = (
-                    f"#{index} {CLASS_NAMES[row_a.label]}: A {CLASS_NAMES[row_a.predicted]}, "
-                    f"B {CLASS_NAMES[row_b.predicted]}"
+                    f"#{index} {names[row_a.label]}: A {names[row_a.predicted]}, B {names[row_b.predicted]}"
                 )
                 if images is not None and labels[index] == row_a.label:
                     cards.append(mo.image(ex.thumbnail(images[index]), caption=caption, width=96))

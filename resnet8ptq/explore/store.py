@@ -218,10 +218,11 @@ PREDICTION_SOURCES = {
 
 
 def predictions(uri: str, run_id: str, source: str = "evaluation") -> pd.DataFrame | None:
-    """A run's logged predictions as (image, label, predicted), indexed by test-set image, or None."""
+    """A run's logged predictions as (image, label, predicted), indexed by test-set image, or None (none
+    logged, or an AUC run's: scores, not predicted classes)."""
     path, column = PREDICTION_SOURCES[source]
     table = csv_artifact(uri, run_id, path)
-    if table is None:
+    if table is None or column not in table:
         return None
     return table.rename(columns={column: "predicted"})[["image", "label", "predicted"]].set_index("image")
 
@@ -235,11 +236,17 @@ def disagreements(a: pd.DataFrame, b: pd.DataFrame) -> tuple[np.ndarray, np.ndar
     return a.index[right_a & ~right_b].to_numpy(), a.index[right_b & ~right_a].to_numpy()
 
 
-def class_accuracy(metrics: Mapping[str, float]) -> pd.Series:
-    """The logged per-class accuracy (metrics ``class_acc/<class>``) in CIFAR-10's class order."""
-    from resnet8ptq.data import CLASS_NAMES
+def class_names(tags: Mapping[str, str], metrics: Mapping[str, float]) -> tuple[str, ...]:
+    """A run's classes in label order (its ``classes`` tag; CIFAR-10's for a ResNet8 run made before it)."""
+    from resnet8ptq.report.classes import run_classes
 
-    return pd.Series([metrics.get(f"class_acc/{name}", np.nan) for name in CLASS_NAMES], index=CLASS_NAMES)
+    return run_classes(tags, metrics, tags.get("model", "resnet8"))
+
+
+def class_accuracy(tags: Mapping[str, str], metrics: Mapping[str, float]) -> pd.Series:
+    """The logged per-class accuracy (metrics ``class_acc/<class>``) in the run's class order."""
+    names = class_names(tags, metrics)
+    return pd.Series([metrics.get(f"class_acc/{name}", np.nan) for name in names], index=list(names))
 
 
 def confusion(uri: str, run_id: str) -> pd.DataFrame | None:

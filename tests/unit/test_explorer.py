@@ -180,10 +180,13 @@ def test_disagreements_are_the_images_one_run_gets_right_and_the_other_wrong() -
         ex.disagreements(a, predictions([0, 1, 2, 3, 4]).iloc[:4])
 
 
-def test_class_accuracy_in_cifar10_order_from_the_logged_metrics() -> None:
-    accuracy = ex.class_accuracy({"class_acc/cat": 0.7, "class_acc/airplane": 0.9, "accuracy": 0.8})
+def test_class_accuracy_in_the_runs_class_order_from_the_logged_metrics() -> None:
+    accuracy = ex.class_accuracy({}, {"class_acc/cat": 0.7, "class_acc/airplane": 0.9, "accuracy": 0.8})
     assert accuracy.index[0] == "airplane" and accuracy["airplane"] == 0.9 and accuracy["cat"] == 0.7
-    assert np.isnan(accuracy["truck"])
+    assert np.isnan(accuracy["truck"])  # a ResNet8 run made before the classes tag: CIFAR-10's classes
+    tags = {"model": "kws", "classes": '["yes", "no"]'}
+    kws = ex.class_accuracy(tags, {"class_acc/no": 0.5, "class_acc/yes": 0.25})
+    assert list(kws.index) == ["yes", "no"] and list(kws) == [0.25, 0.5]
 
 
 def _sweep() -> pd.DataFrame:
