@@ -96,10 +96,12 @@ def _fit(node, weight, grid, x: np.ndarray, iterations: int, batch: int) -> np.n
     if node.op_type == "Conv":
         attributes = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
         top, left, bottom, right = attributes.get("pads", [0, 0, 0, 0])
-        stride = attributes.get("strides", [1, 1])
+        stride, dilation = attributes.get("strides", [1, 1]), attributes.get("dilations", [1, 1])
+        groups = attributes.get("group", 1)  # a depthwise convolution: one group per channel
 
         def layer(inputs: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor:
-            return F.conv2d(F.pad(inputs, (left, right, top, bottom)), kernel, stride=stride)
+            padded = F.pad(inputs, (left, right, top, bottom))
+            return F.conv2d(padded, kernel, stride=stride, dilation=dilation, groups=groups)
     else:
         trans_b = next((a.i for a in node.attribute if a.name == "transB"), 0)
 
