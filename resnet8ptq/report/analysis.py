@@ -64,13 +64,14 @@ def _pick(
 
 def describe(row: pd.Series) -> str:
     """`86.73% (95% CI 86.05-87.38; -0.46 points vs FP32), 108.0 KiB (2.90x smaller), 2668 img/s, 0.094 ms
-    at batch 1`; a device run's accuracy `on the device`, and a costed one's chip instead of the file and the
-    desktop's speed: `1.07 µJ, 0.500 mm², 364 µs per inference on the chip (23.4 TOPS/W)`."""
+    at batch 1` (`AUC 0.8712` for an autoencoder); a device run's accuracy `on the device`, and a costed
+    one's chip instead of the file and the desktop's speed: `1.07 µJ, 0.500 mm², 364 µs per inference on the
+    chip (23.4 TOPS/W)`."""
     where = " on the device" if row.get("on_device", False) else ""
-    accuracy = (
-        f"{fmt(row['accuracy_pct'], '.2f', '%')}{where} ({interval(row)}; "
-        f"{fmt(row['delta_points'], '+.2f')} points vs FP32), "
-    )
+    value = fmt(row["accuracy_pct"], ".2f", "%")
+    if row.get("metric") == "auc":  # an autoencoder's AUC, held x100 in the accuracy columns
+        value = f"AUC {fmt(row['accuracy_pct'] / 100, '.4f')}"
+    accuracy = f"{value}{where} ({interval(row)}; {fmt(row['delta_points'], '+.2f')} points vs FP32), "
     if is_costed(row):
         return accuracy + chip_figures(row)
     return accuracy + (
@@ -94,6 +95,25 @@ def chip_figures(row: pd.Series) -> str:
 
 
 def recommendations(table: pd.DataFrame, max_drop_points: float) -> tuple[list[Pick], pd.DataFrame]:
+    """:func:`network_recommendations` of the table, or of each network's runs where it holds several (a
+    network's accuracy, or AUC, says nothing of another's: each pick's ``what`` then names its network)."""
+    networks = sorted(set(table.get("network", ())))
+    if len(networks) < 2:
+        return network_recommendations(table, max_drop_points)
+    picks, over = [], []
+    for network in networks:
+        own, own_over = network_recommendations(table[table["network"] == network], max_drop_points)
+        picks += [
+            pick
+            if pick.what.startswith("Best ") and ":" in pick.what
+            else Pick(f"{pick.what}, {network}", pick.label, pick.run_id, pick.detail)
+            for pick in own
+        ]
+        over.append(own_over)
+    return picks, pd.concat(over).sort_values("delta_points")
+
+
+def network_recommendations(table: pd.DataFrame, max_drop_points: float) -> tuple[list[Pick], pd.DataFrame]:
     """Best accuracy (and best on a device when some runs have none), smallest, fastest, best per backend
     (quantized configurations this tool made, not published models), by the accuracy the report compares
     (on the device for a device run: :func:`~resnet8ptq.report.runs.compared_accuracy`); and the runs over

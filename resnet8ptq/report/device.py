@@ -8,7 +8,7 @@ import pandas as pd
 
 from resnet8ptq.drawing import draw
 from resnet8ptq.report.figures import DEVICE_NOISE_PNG, accuracy_map_png, device_curve_png
-from resnet8ptq.report.runs import DEVICE_SETTINGS, configured, without_device
+from resnet8ptq.report.runs import DEVICE_SETTINGS, configured, differing_note, without_device
 from resnet8ptq.report.sections import Report, Table
 
 DEVICE_MAP_PNG = "report_device_map.png"
@@ -50,8 +50,9 @@ def device_section(report: Report) -> list[str]:
     section = [
         "## On the device",
         "Accuracy of each quantized model on the device model (docs/device.md) beside its reference "
-        "accuracy; `predictions differ`: test images whose class differs from the reference's (first draw); "
-        f"worst layer: the lowest SQNR of its outputs against the integer device ({SQNR_IMAGES} images).",
+        "accuracy; `predictions differ`: test images whose class differs from the reference's (first draw)"
+        f"{differing_note(runs)}; worst layer: the lowest SQNR of its outputs against the integer device "
+        f"({SQNR_IMAGES} images).",
         Table(headers, rows).markdown(),
     ]
     return section + device_map(report, runs) + effect_charts(report, runs)

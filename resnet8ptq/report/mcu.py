@@ -10,7 +10,7 @@ from resnet8ptq.drawing import draw
 from resnet8ptq.mcu.config import KIB
 from resnet8ptq.report.analysis import pareto_front
 from resnet8ptq.report.figures import tradeoff_png
-from resnet8ptq.report.runs import without_device
+from resnet8ptq.report.runs import differing_note, without_device
 from resnet8ptq.report.sections import Report, Table
 
 MCU_PNG = "report_accuracy_vs_arena.png"
@@ -62,9 +62,9 @@ def deployability_section(report: Report) -> list[str]:
         "## Deployability",
         "Each quantized model on the microcontroller path (docs/mcu.md): its accuracy in TensorFlow Lite "
         "Micro beside the reference (LiteRT's reference kernels; `predictions differ`: test images whose "
-        "class differs), its flatbuffer (flash) and tensor arena (RAM) as TFLM allocates it, the boards it "
-        "fits with the runtime's allowances, and Vela's NPU estimate (a compiler's estimate, not a "
-        "measurement).",
+        f"class differs{differing_note(report.table)}), its flatbuffer (flash) and tensor arena (RAM) as "
+        "TFLM allocates it, the boards it fits with the runtime's allowances, and Vela's NPU estimate (a "
+        "compiler's estimate, not a measurement).",
         Table(headers, rows).markdown(),
     ]
     if len(on_mcu) >= 2:

@@ -19,13 +19,19 @@ def register_most_accurate(
     parent_run_id: str, name: str, max_drop_points: float, tracking_uri: str | None = None
 ) -> ModelVersion | None:
     """Register the logged model of the sweep's most accurate quantized configuration (the report's "Best
-    accuracy") as a new version of registered model ``name``; None when no quantized run finished."""
+    accuracy") as a new version of registered model ``name``; None when no quantized run finished or the
+    sweep ran several networks."""
     client = MlflowClient(tracking_uri)
     parent = client.get_run(parent_run_id)
     children = search_all(client, [parent.info.experiment_id], {"tags.mlflow.parentRunId": parent_run_id})
     table = comparison_table(runs_frame(children))
     if not table["quantized"].any():
         log.warning("Nothing registered as %r: no quantized run of sweep %s finished", name, parent_run_id)
+        return None
+    if table["network"].nunique() > 1:
+        log.warning(
+            "Nothing registered as %r: sweep %s ran several networks; register one's", name, parent_run_id
+        )
         return None
     best = next(pick for pick in recommendations(table, max_drop_points)[0] if pick.what == "Best accuracy")
     uri = client.get_run(best.run_id).data.tags["model_uri"]

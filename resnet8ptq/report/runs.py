@@ -395,6 +395,13 @@ def scored_by_auc(table: pd.DataFrame) -> pd.Series:
     return table["metric"].fillna("top1") == "auc"
 
 
+def differing_note(table: pd.DataFrame) -> str:
+    """What ``predictions differ`` counts for the table's AUC networks, if any ('' without one)."""
+    if not scored_by_auc(table).any():
+        return ""
+    return " (for a network scored by AUC: samples whose anomaly score differs by more than 1e-4, relative)"
+
+
 def compared_note(table: pd.DataFrame) -> str | None:
     """The sentence that says what the accuracy is in a sweep with device runs; None without."""
     devices = int(table["on_device"].sum())

@@ -348,7 +348,7 @@ def nothing_to_report_message(report: Report) -> str:
     )
 
 
-PAIRED_TEST = "exact McNemar test on the same 10,000 test images, Holm-adjusted, alpha = 0.05"
+PAIRED_TEST = "exact McNemar test on the same test images, Holm-adjusted, alpha = 0.05"
 
 
 def best_ties_line(table: pd.DataFrame) -> str | None:

@@ -85,3 +85,30 @@ def test_a_runs_classes_come_from_its_tag_or_else_its_metrics() -> None:
     assert run_classes({"classes": json.dumps(["b", "a"])}, ["class_acc/a"], "kws") == ("b", "a")
     assert run_classes({}, [], "resnet8") == CLASS_NAMES
     assert run_classes({}, ["class_acc/go", "accuracy", "class_acc/down"], "kws") == ("down", "go")
+
+
+def test_a_sweep_of_several_networks_is_recommended_network_by_network(monkeypatch) -> None:
+    seen = []
+
+    def per_network(table: pd.DataFrame, limit: float) -> tuple[list, pd.DataFrame]:
+        network = table["network"].iloc[0]
+        seen.append((sorted(set(table["network"])), limit))
+        picks = [
+            analysis.Pick("Best accuracy", f"{network} best", f"{network}-1", "d"),
+            analysis.Pick(f"Best {network}:onnx", f"{network}:onnx best", f"{network}-1", "d"),
+        ]
+        return picks, pd.DataFrame({"delta_points": [-9.0 if network == "kws" else -6.0]})
+
+    monkeypatch.setattr(analysis, "network_recommendations", per_network)
+    table = pd.DataFrame({"network": ["kws", "ad", "kws"]})
+    picks, over = analysis.recommendations(table, 5.0)
+    assert seen == [(["ad"], 5.0), (["kws"], 5.0)]
+    assert [pick.what for pick in picks] == [
+        "Best accuracy, ad",
+        "Best ad:onnx",
+        "Best accuracy, kws",
+        "Best kws:onnx",
+    ]
+    assert list(over["delta_points"]) == [-9.0, -6.0]
+    one, _ = analysis.recommendations(table[table["network"] == "kws"], 5.0)
+    assert [pick.what for pick in one] == ["Best accuracy", "Best kws:onnx"]
