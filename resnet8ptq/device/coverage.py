@@ -12,8 +12,9 @@ from pathlib import Path
 
 from resnet8ptq.errors import Unsupported
 
-LAYERS = {"Conv", "Gemm", "Add", "AveragePool", "MaxPool"}
-"""The FP32 operators the integer device computes as layers (conv, dense, add, pools)."""
+LAYERS = {"Conv", "Gemm", "Add", "AveragePool", "GlobalAveragePool", "MaxPool"}
+"""The FP32 operators the integer device computes as layers (conv, dense, add, pools; a global average pool
+is Keras' GlobalAveragePooling2D, which tf2onnx writes as GlobalAveragePool)."""
 CARRIED = {"Relu", "Clip", "Reshape", "Flatten", "Transpose", "Softmax"}
 """Operators read as part of a layer (a ReLU or ReLU6 clamp), carrying no arithmetic, or after the logits."""
 
@@ -62,7 +63,8 @@ def check_coverage(onnx_path: Path, kind: str, model: str) -> None:
         shown = ", ".join(found[:8]) + (f" and {len(found) - 8} more" if len(found) > 8 else "")
         raise Unsupported(
             f"device={kind} cannot run {model}: {shown}. The integer device computes Conv (grouped: "
-            "device=integer only), Gemm, Add, AveragePool over a whole input and MaxPool, with ReLU or ReLU6 "
+            "device=integer only), Gemm, Add, AveragePool over a whole input, GlobalAveragePool and MaxPool, "
+            "with ReLU or ReLU6 "
             "after a layer; "
             "fold other arithmetic into the model's layers (e.g. a Rescaling into the data), or set "
             "device=none."

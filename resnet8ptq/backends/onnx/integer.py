@@ -2,10 +2,10 @@
 
 The QDQ graph is read node by node: ``DequantizeLinear`` on an initializer is a weight or an int32 bias (per
 channel along its axis), on an activation the quantized tensor a layer reads; the ``QuantizeLinear`` after a
-Conv/Gemm/Add/AveragePool (through a Relu, if ORT kept one) the quantized tensor it writes, clamped to a
-narrower width by the integer ``Clip`` right after it where activations are narrower than 8 bits. A
-Transpose of the NHWC input and a Reshape before the dense layer carry no arithmetic. The lowering to integer
-arithmetic is shared with PyTorch's programs (:mod:`resnet8ptq.device.qdq`).
+Conv/Gemm/Add/AveragePool/GlobalAveragePool (through a Relu, if ORT kept one) the quantized tensor it writes,
+clamped to a narrower width by the integer ``Clip`` right after it where activations are narrower than 8 bits.
+A Transpose of the NHWC input and a Reshape before the dense layer carry no arithmetic. The lowering to
+integer arithmetic is shared with PyTorch's programs (:mod:`resnet8ptq.device.qdq`).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ LAYER_OPS = {
     "Gemm": "dense",
     "Add": "add",
     "AveragePool": "average_pool",
+    "GlobalAveragePool": "average_pool",
     "MaxPool": "max_pool",
 }
 PASS_THROUGH = {"Transpose", "Reshape", "Flatten", "Relu"}
@@ -34,7 +35,7 @@ TYPE_NAMES = {onnx.TensorProto.INT8: "int8", onnx.TensorProto.UINT8: "uint8"}
 
 def integer_model(path: Path) -> IntegerModel:
     """The integer description of the QDQ model at ``path``."""
-    graph = onnx.load(path).graph
+    graph = onnx.shape_inference.infer_shapes(onnx.load(path)).graph  # a global pool's window: its input's
     constants = {init.name: numpy_helper.to_array(init) for init in graph.initializer}
     input_shape = tuple(d.dim_value for d in graph.input[0].type.tensor_type.shape.dim)  # 0: free
     consumers: dict[str, list[onnx.NodeProto]] = {}
@@ -148,9 +149,10 @@ def integer_model(path: Path) -> IntegerModel:
             layer.stride = tuple(attributes.get("strides", [1, 1]))
             pads = attributes.get("pads", [0, 0, 0, 0])  # top, left, bottom, right
             layer.padding = (pads[0], pads[2], pads[1], pads[3])
-        else:  # AveragePool over the whole input
+        else:  # AveragePool over the whole input, or GlobalAveragePool
             layer.inputs = [quantized_input(node.input[0])]
-            windows[layer.name] = int(np.prod(attributes["kernel_shape"]))
+            window = attributes.get("kernel_shape") or spatial_shape(graph, node.input[0])
+            windows[layer.name] = int(np.prod(window))
         layers.append(layer)
 
     first = next(n for n in graph.node if n.op_type == "QuantizeLinear")
@@ -160,3 +162,12 @@ def integer_model(path: Path) -> IntegerModel:
         "(TFLITE_SINGLE_ROUNDING: x * multiplier * 2^(shift - 31) rounded once, half up)."
     ]
     return lower("onnx-qdq", layers, quants, quantized_of[first.input[0]], windows, notes)
+
+
+def spatial_shape(graph: onnx.GraphProto, name: str) -> list[int]:
+    """The (H, W) of the NCHW tensor ``name``, from the graph's shape inference."""
+    info = next((v for v in graph.value_info if v.name == name), None)
+    dims = [d.dim_value for d in info.type.tensor_type.shape.dim] if info is not None else []
+    if len(dims) != 4 or 0 in dims[2:]:
+        raise ValueError(f"{name}: a global average pool whose input's height and width are not known.")
+    return dims[2:]

@@ -18,6 +18,7 @@ import numpy as np
 from ai_edge_litert import schema_py_generated as schema
 
 from resnet8ptq.backends.tflite.flatbuffer import Tensor, TFLiteModel, read, tflite_layer_name
+from resnet8ptq.device.fixed_point import quantize_multiplier
 from resnet8ptq.device.graph import (
     Add,
     AveragePool,
@@ -173,6 +174,31 @@ def average_pool(model: TFLiteModel, inputs: list[int], output: int, options: ob
     return AveragePool(tflite_layer_name(model, output), str(inputs[0]), str(output), q_in, q_out, True)
 
 
+def mean(model: TFLiteModel, inputs: list[int], output: int, options: object) -> AveragePool:
+    """MEAN over H and W of an NHWC tensor, its dims dropped (Keras' GlobalAveragePooling2D), as LiteRT's
+    reference ``QuantizedMeanOrSum`` computes it: the sum of (q - input zero point) requantized by
+    input_scale / output_scale with 1/count folded into the multiplier (multiplier << s // count, shift - s,
+    s = floor(log2 count), at most 32 and 31 + shift)."""
+    x, y = model.tensors[inputs[0]], model.tensors[output]
+    axes = model.tensors[inputs[1]].values
+    q_in, q_out = quant(x), quant(y)
+    if len(x.shape) != 4 or axes is None or sorted(int(a) % 4 for a in axes.reshape(-1)) != [1, 2]:
+        raise NotInteger(f"{y.name}: MEAN over axes {axes} of {tuple(x.shape)}: H and W only are covered.")
+    same = (q_in.scale, q_in.zero_point) == (q_out.scale, q_out.zero_point)
+    if getattr(options, "keepDims", False) or same:
+        raise NotInteger(
+            f"{y.name}: MEAN with keep_dims, or with its input's quantization, is not covered (checked "
+            "against LiteRT: Keras' GlobalAveragePooling2D's MEAN, which drops the dims and requantizes)."
+        )
+    count = int(x.shape[1] * x.shape[2])
+    real = np.float64(np.float32(q_in.scale)) / np.float64(np.float32(q_out.scale))  # PrepareMeanOrSum's
+    (multiplier,), (shift,) = quantize_multiplier(real)
+    fold = min(count.bit_length() - 1, 32, 31 + int(shift))
+    multiplier, shift = (int(multiplier) << fold) // count, int(shift) - fold
+    name = tflite_layer_name(model, output)
+    return AveragePool(name, str(inputs[0]), str(output), q_in, q_out, False, multiplier, shift)
+
+
 def max_pool(model: TFLiteModel, inputs: list[int], output: int, options: object) -> MaxPool:
     """MAX_POOL_2D: TFLite's int8 kernel needs equal input and output quantization; SAME padding's
     positions are left out of the window (``ComputePaddingHeightWidth``'s padding, never the maximum)."""
@@ -210,6 +236,8 @@ def integer_model(path: Path) -> IntegerModel:
             layers.append(average_pool(model, inputs, outputs[0], options))
         elif op == "MAX_POOL_2D":
             layers.append(max_pool(model, inputs, outputs[0], options))
+        elif op == "MEAN":
+            layers.append(mean(model, inputs, outputs[0], options))
         elif op in PASS_THROUGH:
             alias[outputs[0]] = inputs[0]
         elif op in AFTER_LOGITS or all(model.tensors[i].dtype == "int32" for i in outputs):

@@ -1,13 +1,13 @@
 """A PyTorch PT2E program (the saved ``.pt2``) as the device's integer description.
 
 The program's graph holds ``quantized_decomposed`` quantize/dequantize ops around aten conv2d, linear, add,
-relu, avg_pool2d, pad and reshape. A quantize op defines a quantized tensor (its scale, zero point and the
-integer range it clamps to, which is narrower than int8 for low-bit activations); a dequantize op on a stored
-constant is a weight (per channel or per tensor). Two PT2E patterns need care: an asymmetric zero pad in
-front of a strided conv (requantized with the same parameters, so it is the conv's padding), and
-X86InductorQuantizer's fused conv + add + ReLU, whose conv output is never quantized on its own (lowered as
-a conv with a residual input). Floating-point biases are rounded to int32 at x_scale · w_scale. The lowering
-is shared with ONNX Runtime's models (:mod:`resnet8ptq.device.qdq`).
+relu, avg_pool2d, mean (a global average pool), pad and reshape. A quantize op defines a quantized tensor (its
+scale, zero point and the integer range it clamps to, which is narrower than int8 for low-bit activations); a
+dequantize op on a stored constant is a weight (per channel or per tensor). Two PT2E patterns need care: an
+asymmetric zero pad in front of a strided conv (requantized with the same parameters, so it is the conv's
+padding), and X86InductorQuantizer's fused conv + add + ReLU, whose conv output is never quantized on its own
+(lowered as a conv with a residual input). Floating-point biases are rounded to int32 at x_scale · w_scale.
+The lowering is shared with ONNX Runtime's models (:mod:`resnet8ptq.device.qdq`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from resnet8ptq.device.graph import IntegerModel, Quant
 from resnet8ptq.device.qdq import QdqLayer, is_layout_reshape, lower
 
 AFTER_LOGITS = {"softmax"}
-LAYER_TARGETS = {"conv2d", "linear", "add", "avg_pool2d", "max_pool2d"}
+LAYER_TARGETS = {"conv2d", "linear", "add", "avg_pool2d", "mean", "max_pool2d"}
 CLAMPS = ("hardtanh", "clamp")
 """A ReLU6 as the program holds it (onnx2torch turns ONNX's Clip into ``clamp``)."""
 NO_ARITHMETIC = {
@@ -178,6 +178,16 @@ def integer_model(path: Path) -> IntegerModel:
             windows = int(np.prod(node.args[1]))
             layers.append(layer)
             pool_windows[layer.name] = windows
+        elif target == "mean":  # a global average pool (onnx2torch's GlobalAveragePool): over H and W
+            shape = tuple(node.args[0].meta["val"].shape)
+            axes = {axis % len(shape) for axis in node.args[1]} if len(node.args) > 1 else set()
+            if len(shape) != 4 or axes != {2, 3}:
+                raise ValueError(f"{node.name}: a mean over dims {node.args[1:2]} of {shape}: H and W only.")
+            name, relu, _ = output_of(node)
+            layer = QdqLayer("average_pool", node.name, [quantized(node.args[0])], name, relu=relu)
+            layer.relu_max = clamps.get(node.name)
+            layers.append(layer)
+            pool_windows[layer.name] = shape[2] * shape[3]
         elif target == "max_pool2d":
             args = list(node.args) + [None] * 6
             kernel = tuple(args[1])

@@ -97,6 +97,8 @@ class OrtAlignedX86Quantizer(X86InductorQuantizer):
         super().annotate(model)
         for pad in [n for n in model.graph.nodes if is_zero_pad(n)]:
             self._share_through_pad(pad)
+        for node in model.graph.nodes:
+            self._quantize_global_mean(node)
         if self.layer_specs:
             self._annotate_widths(model)
         return model
@@ -138,6 +140,19 @@ class OrtAlignedX86Quantizer(X86InductorQuantizer):
                 f"PyTorch recipe (X86InductorQuantizer); "
                 f"analysis/layer_sqnr.csv of a torch run lists the layers it quantizes."
             )
+
+    def _quantize_global_mean(self, node: fx.Node) -> None:
+        """A global average pool (onnx2torch's GlobalAveragePool: ``aten.mean.dim``), which the X86 recipe
+        leaves in float: its input and its output quantized, each with its own range, as ONNX Runtime's QDQ
+        model quantizes them (the integer device then computes it as a pool)."""
+        if node.op != "call_function" or node.target != torch.ops.aten.mean.dim:
+            return
+        if node.meta.get(QUANT_ANNOTATION_KEY) is not None or self.global_config is None:
+            return
+        activation = self.global_config.input_activation
+        annotation = x86_annotation({node.args[0]: activation})
+        annotation.output_qspec = activation
+        node.meta[QUANT_ANNOTATION_KEY] = annotation
 
     @staticmethod
     def _share_through_pad(pad: fx.Node) -> None:
