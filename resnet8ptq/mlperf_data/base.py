@@ -110,3 +110,19 @@ def wav_format(path: Path, data_set: str) -> WavFormat:
             )
     except (OSError, EOFError, wave.Error) as error:
         raise DataError(f"{data_set}: {path} is not a PCM WAV file ({error})") from error
+
+
+def labelled(
+    read: Callable[[list[Path], str], np.ndarray],
+    test: list[tuple[Path, int]],
+    calibration: list[Path],
+    classes: tuple[str, ...],
+) -> Prepared:
+    """A classifier's data set from its files: ``read(paths, what)`` gives their model inputs, the test
+    files come with their labels."""
+    return Prepared(
+        calibration_inputs=read(calibration, "calibration"),
+        test_inputs=read([path for path, _ in test], "test"),
+        test_labels=np.array([label for _, label in test], np.int64),
+        class_names=classes,
+    )

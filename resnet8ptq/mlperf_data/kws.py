@@ -22,7 +22,15 @@ import numpy as np
 from tqdm import tqdm
 
 from resnet8ptq.errors import DataError
-from resnet8ptq.mlperf_data.base import Options, Prepared, Preparer, seeded_sample, sorted_files, wav_format
+from resnet8ptq.mlperf_data.base import (
+    Options,
+    Prepared,
+    Preparer,
+    labelled,
+    seeded_sample,
+    sorted_files,
+    wav_format,
+)
 
 WORDS = ("down", "go", "left", "no", "off", "on", "right", "stop", "up", "yes")
 FOLDERS = (*WORDS, "_silence_", "_unknown_")  # label = position
@@ -117,14 +125,7 @@ def features(paths: list[Path], what: str) -> np.ndarray:
 
 def prepare(source: Path, options: Options) -> Prepared:
     """The test set's MFCCs and labels, and a calibration sample of the validation split's."""
-    test = test_files(source)
-    calibration = calibration_sample(options)
-    return Prepared(
-        calibration_inputs=features(calibration, "calibration"),
-        test_inputs=features([path for path, _ in test], "test"),
-        test_labels=np.array([label for _, label in test], np.int64),
-        class_names=CLASSES,
-    )
+    return labelled(features, test_files(source), calibration_sample(options), CLASSES)
 
 
 PREPARER = Preparer(

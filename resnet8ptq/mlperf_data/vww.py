@@ -18,7 +18,7 @@ import numpy as np
 from tqdm import tqdm
 
 from resnet8ptq.errors import DataError
-from resnet8ptq.mlperf_data.base import Options, Prepared, Preparer, seeded_sample, sorted_files
+from resnet8ptq.mlperf_data.base import Options, Prepared, Preparer, labelled, seeded_sample, sorted_files
 
 IMAGE_SIZE = (96, 96)
 CLASSES = ("non_person", "person")  # sorted folder names: Keras' class indices
@@ -71,13 +71,7 @@ def images(paths: list[Path], what: str) -> np.ndarray:
 def prepare(source: Path, options: Options) -> Prepared:
     """The VWW test subset and a calibration sample from the rest."""
     test, training = split(source)
-    calibration = seeded_sample(training, options.calibration, options.seed)
-    return Prepared(
-        calibration_inputs=images(calibration, "calibration"),
-        test_inputs=images([path for path, _ in test], "test"),
-        test_labels=np.array([label for _, label in test], np.int64),
-        class_names=CLASSES,
-    )
+    return labelled(images, test, seeded_sample(training, options.calibration, options.seed), CLASSES)
 
 
 PREPARER = Preparer(
