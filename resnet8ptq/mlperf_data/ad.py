@@ -78,8 +78,15 @@ def vectors_in(samples: int) -> int:
 
 
 def check(source: Path, options: Options) -> None:
-    """Refuse a folder without ToyCar's ``train/`` and ``test/``, with no normal or no anomalous test clip,
-    or a clip that is not mono or too short for one vector."""
+    """Refuse without librosa, or a folder without ToyCar's ``train/`` and ``test/``, with no normal or no
+    anomalous test clip, or a clip that is not mono or too short for one vector."""
+    try:
+        import librosa  # noqa: F401
+    except ImportError as error:
+        raise DataError(
+            "ad: MLPerf's log-mel front end is librosa's, which is not installed: pip install "
+            "'resnet8ptq[mlperf-data]' (make setup installs it)"
+        ) from error
     missing = [name for name in ("train", "test") if not (source / name).is_dir()]
     if missing:
         raise DataError(

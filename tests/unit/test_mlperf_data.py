@@ -5,6 +5,7 @@ before anything is written."""
 
 from __future__ import annotations
 
+import sys
 import wave
 from pathlib import Path
 
@@ -170,8 +171,6 @@ def toycar(root: Path) -> Path:
 def mlperf_vectors(path: Path, pad_mode: str = "reflect") -> np.ndarray:
     """MLPerf's ``file_to_vector_array`` (common.py, baseline.yaml's settings), its loop as written there;
     the STFT padded by reflection, librosa 0.6's default (MLPerf's pin; librosa 0.10 made it zeros)."""
-    import sys
-
     import librosa
 
     y, sr = librosa.load(path, sr=None, mono=False)
@@ -225,6 +224,13 @@ def test_ad_refuses_a_missing_machine_a_short_clip_or_one_kind_only(tmp_path: Pa
     with pytest.raises(DataError, match=r"normal_id_03_000\.wav is 1 channel.*27,648 samples"):
         prepare("ad", source, out, Options())
     assert not out.exists() and not list(tmp_path.glob("*.npz"))
+
+
+def test_ad_without_librosa_says_what_to_install(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "librosa", None)  # an import of it fails
+    with pytest.raises(DataError, match=r"resnet8ptq\[mlperf-data\]"):
+        prepare("ad", toycar(tmp_path / "ToyCar"), tmp_path / "ad.npz", Options())
+    assert not (tmp_path / "ad.npz").exists()
 
 
 def test_prepare_from_the_command_line_names_the_run_to_make(tmp_path: Path, capsys) -> None:
