@@ -237,13 +237,13 @@ def test_data_the_network_cannot_take(run_cli, workdir: Path, case: str) -> None
 def test_an_operator_the_device_cannot_compute_is_refused_before_any_quantization(
     run_cli, workdir: Path
 ) -> None:
-    """A user's network with a GlobalAveragePool, on the integer device: refused naming the node once the
-    FP32 model is read, before it is quantized; the run FAILED with the reason."""
+    """A user's network with a Rescaling layer (a Mul of the input), on the integer device: refused naming the
+    node once the FP32 model is read, before it is quantized; the run FAILED with the reason."""
     from tests.integration.test_networks import user_onnx
 
-    model = user_onnx(workdir / "user_net.onnx")
+    model = user_onnx(workdir / "user_net.onnx", rescale=True)
     overrides = ["model=custom", f"model.path={model}", "device=integer"]
-    message = "device=integer cannot run model=custom: GlobalAveragePool"
+    message = "device=integer cannot run model=custom: Mul (rescaling)"
     runs = failed_cleanly(run_cli(workdir, *overrides), workdir, message)
     assert_recorded(runs, message)
     assert not list(workdir.rglob("model_quantized*"))

@@ -182,17 +182,20 @@ def test_the_converted_networks_compute_what_mlperfs_float_models_do(converted, 
     np.testing.assert_allclose(ad, reference, rtol=1e-4, atol=1e-4)
 
 
-def user_onnx(path: Path) -> Path:
+def user_onnx(path: Path, rescale: bool = False) -> Path:
     """A user's own CIFAR-10-shaped ONNX network the tool has never seen (random weights): NHWC raw pixels ->
-    Transpose -> Conv -> Relu -> GlobalAveragePool -> Squeeze (axes as an input, as tf2onnx writes Keras'
-    GlobalAveragePooling2D) -> Gemm -> Softmax."""
+    (with ``rescale``: Mul by 1/255, a Keras Rescaling layer) -> Transpose -> Conv -> Relu ->
+    GlobalAveragePool -> Squeeze (axes as an input, as tf2onnx writes Keras' GlobalAveragePooling2D) -> Gemm
+    -> Softmax."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(5)
+    scaling = [helper.make_node("Mul", ["x", "inverse_255"], ["scaled"], name="rescaling")] if rescale else []
     graph = helper.make_graph(
         [
-            helper.make_node("Transpose", ["x"], ["nchw"], perm=[0, 3, 1, 2]),
+            *scaling,
+            helper.make_node("Transpose", ["scaled" if rescale else "x"], ["nchw"], perm=[0, 3, 1, 2]),
             helper.make_node("Conv", ["nchw", "w", "b"], ["conv"], pads=[1, 1, 1, 1]),
             helper.make_node("Relu", ["conv"], ["relu"]),
             helper.make_node("GlobalAveragePool", ["relu"], ["pooled"]),
@@ -209,6 +212,7 @@ def user_onnx(path: Path) -> Path:
             numpy_helper.from_array(np.array([2, 3], np.int64), "axes"),
             numpy_helper.from_array(rng.normal(0, 1, (10, 8)).astype(np.float32), "fc"),
             numpy_helper.from_array(np.zeros(10, np.float32), "fc_b"),
+            *([numpy_helper.from_array(np.float32(1 / 255), "inverse_255")] if rescale else []),
         ],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
