@@ -10,7 +10,7 @@ import pandas as pd
 
 from resnet8ptq.components.config import COMPONENTS
 from resnet8ptq.drawing import draw
-from resnet8ptq.report.analysis import chip_figures, costed, fmt, pareto_front
+from resnet8ptq.report.analysis import chip_figures, costed, fmt, pareto_front, score
 from resnet8ptq.report.figures import CHIP_ENERGY_PNG, chip_energy_png
 from resnet8ptq.report.runs import configured, without_device
 from resnet8ptq.report.sections import Report, Table
@@ -46,9 +46,7 @@ def chip_section(report: Report, drop_points: float) -> list[str]:
         for what, column in (("energy", "device_energy_uj"), ("area", "device_area_mm2")):
             best = own.sort_values([column, "accuracy_pct"], ascending=[True, False], kind="stable").iloc[0]
             scope = f" for {network}" if several else ""
-            accuracy = fmt(best["accuracy_pct"], ".2f", "%")
-            if best.get("metric") == "auc":
-                accuracy = f"AUC {fmt(best['accuracy_pct'] / 100, '.4f')}"
+            accuracy = score(best)
             picks.append(
                 f"**Cheapest chip by {what}{scope} within {drop_points:g} point(s) of the integer device**: "
                 f"{best['label']} — {accuracy} on the device ({best['vs_integer']:+.2f} points vs the "

@@ -171,23 +171,13 @@ def integer_model(path: Path) -> IntegerModel:
                 layer = QdqLayer("add", node.name, [quantized(a), quantized(b)], name, relu=relu)
                 layer.relu_max = clamps.get(node.name)
                 layers.append(layer)
-        elif target == "avg_pool2d":
-            name, relu, _ = output_of(node)
-            layer = QdqLayer("average_pool", node.name, [quantized(node.args[0])], name, relu=relu)
-            layer.relu_max = clamps.get(node.name)
-            windows = int(np.prod(node.args[1]))
-            layers.append(layer)
-            pool_windows[layer.name] = windows
-        elif target == "mean":  # a global average pool (onnx2torch's GlobalAveragePool): over H and W
-            shape = tuple(node.args[0].meta["val"].shape)
-            axes = {axis % len(shape) for axis in node.args[1]} if len(node.args) > 1 else set()
-            if len(shape) != 4 or axes != {2, 3}:
-                raise ValueError(f"{node.name}: a mean over dims {node.args[1:2]} of {shape}: H and W only.")
+        elif target in ("avg_pool2d", "mean"):
+            window = pool_window(node)
             name, relu, _ = output_of(node)
             layer = QdqLayer("average_pool", node.name, [quantized(node.args[0])], name, relu=relu)
             layer.relu_max = clamps.get(node.name)
             layers.append(layer)
-            pool_windows[layer.name] = shape[2] * shape[3]
+            pool_windows[layer.name] = window
         elif target == "max_pool2d":
             args = list(node.args) + [None] * 6
             kernel = tuple(args[1])
@@ -223,3 +213,15 @@ def integer_model(path: Path) -> IntegerModel:
         "even; the integer form rounds biases to int32, accumulates exactly and requantizes in fixed point."
     ]
     return lower("torch-pt2e", layers, quants, input_name, pool_windows, notes)
+
+
+def pool_window(node: fx.Node) -> int:
+    """The positions an average pool sums: an ``avg_pool2d``'s kernel, or for a ``mean`` (onnx2torch's
+    GlobalAveragePool) its input's H x W, the only mean covered."""
+    if _target(node) == "avg_pool2d":
+        return int(np.prod(node.args[1]))
+    shape = tuple(node.args[0].meta["val"].shape)
+    axes = {axis % len(shape) for axis in node.args[1]} if len(node.args) > 1 else set()
+    if len(shape) != 4 or axes != {2, 3}:
+        raise ValueError(f"{node.name}: a mean over dims {node.args[1:2]} of {shape}: H and W only.")
+    return shape[2] * shape[3]
