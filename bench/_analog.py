@@ -26,11 +26,11 @@ import numpy as np
 import torch
 import yaml
 
-from resnet8ptq.device.cim import tile_sizes
 from resnet8ptq.device.config import DeviceConfig
 from resnet8ptq.device.evaluate import adc_steps, arithmetic
 from resnet8ptq.device.executor import execute, predictions
 from resnet8ptq.device.graph import Conv, IntegerModel
+from resnet8ptq.device.mapping import tile_sizes
 
 BATCH = 250
 PRESETS = Path(__file__).resolve().parents[1] / "conf" / "device" / "chip"

@@ -8,7 +8,7 @@ Per layer, on the integers the device sees:
 - the input, centred: the quantized activation over its (learned) step, x / s_x = q - zero point;
 - the weights, centred: the soft-rounded weight over its grid's scale (w_q - zero point);
 - **row tiles**: the C_in·kh·kw terms split as the device splits them
-  (:func:`~resnet8ptq.device.cim.tile_sizes`), one partial sum per tile and output column;
+  (:func:`~resnet8ptq.device.mapping.tile_sizes`), one partial sum per tile and output column;
 - **the ADC**: every partial sum p read as step · clamp(round(p / step), code_min, code_max), rounding with a
   straight-through gradient, so the step learns as LSQ learns a quantizer's (Esser et al. 2020): one step per
   layer, tile or column (``device.adc_granularity``), each a power of two or a fixed-point number
@@ -49,8 +49,8 @@ import torch.nn.functional as F
 from resnet8ptq.device.adc import STEP_FRACTION_BITS, Geometry, LayerSteps, PartialSumProfile
 from resnet8ptq.device.adc_ranges import AdcRule, calibrated_steps
 from resnet8ptq.device.cells import drift_compensation
-from resnet8ptq.device.cim import tile_sizes
 from resnet8ptq.device.effects import Site, configured, on_the_chip
+from resnet8ptq.device.mapping import tile_sizes
 
 if TYPE_CHECKING:
     from collections.abc import Callable

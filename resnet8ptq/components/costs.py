@@ -144,11 +144,18 @@ class _Pricing:
                 "shift_add", "hwcomponents_library.library.isaac.IsaacShiftAdd", "shift_add",
                 tech_node=self.node, width=accumulator,
             )  # fmt: skip
-        else:
-            self.mac = self._part(
+        self._mac: Part | None = None
+
+    @property
+    def mac(self) -> Part:
+        """The digital unit's integer MAC (the integer device's, a ``depthwise=digital`` layer's on a
+        crossbar chip): priced at its first use."""
+        if self._mac is None:
+            self._mac = self._part(
                 "mac", "hwcomponents_library.library.aladdin.AladdinIntMAC", "mac",
-                tech_node=self.node, adder_width=accumulator, multiplier_width=8,
+                tech_node=self.node, adder_width=self.device.accumulator_bits, multiplier_width=8,
             )  # fmt: skip
+        return self._mac
 
     def _part(self, component: str, model: str, action: str, arguments: tuple = (), **attributes) -> Part:
         priced = part(component, model, action, tuple(attributes.items()), arguments)
@@ -165,7 +172,7 @@ class _Pricing:
         row["latency"] = math.ceil((layer.residual_adds + layer.pooling_adds) / lanes) * self.adder.latency
         if layer.kind not in ("conv", "dense"):
             return row
-        if self.device.kind != "cim":
+        if self.device.kind != "cim" or layer.mapping == "digital":
             row["mac"] = layer.macs * self.mac.energy
             row["latency"] = math.ceil(layer.macs / self.components.mac_units) * self.mac.latency
             return row
@@ -202,17 +209,19 @@ class _Pricing:
         lanes = self.components.vector_lanes
         units = [(self.adder, lanes), (self.requantizer, 1)]
         area = dict.fromkeys(AREAS, 0.0)
-        if self.device.kind != "cim":
+        convs = [layer for layer in actions if layer.kind in ("conv", "dense")]
+        if self.device.kind != "cim" or any(layer.mapping == "digital" for layer in convs):
             units.append((self.mac, self.components.mac_units))
+        if self.device.kind != "cim":
             area["digital"] = sum(p.area * n for p, n in units)
             return area, sum(p.leak_power * n for p, n in units)
         cell_area = self.cell.height * self.cell.width * self.node**2
         adcs = dacs = 0
-        for layer in actions:
-            if layer.kind in ("conv", "dense"):
+        for layer in convs:
+            if layer.mapping == "crossbar":
                 geometry = _array(layer, self.device)
                 adcs += layer.arrays * geometry.adcs(self.components.columns_per_adc)
-                dacs += layer.terms * layer.column_groups  # every array's rows
+                dacs += layer.terms * layer.groups * layer.column_groups  # every array's rows in use
                 area["cells"] += layer.cells * cell_area
         units += [(self.adc, adcs), (self.dac, dacs), (self.shift_add, adcs), (self.adder, adcs)]
         area["adc"] = adcs * self.adc.area
@@ -222,8 +231,9 @@ class _Pricing:
 
 
 class _Array(NamedTuple):
-    """One array of a conv/dense layer: its rows (the largest tile), its columns and the readings (column
-    pairs of a weight slice) its ADCs convert per input slice."""
+    """One array of a conv/dense layer: its rows in use (the largest tile, times the group blocks side by side
+    in it), its columns and the readings (column pairs of a weight slice) its ADCs convert per input
+    slice."""
 
     rows: int
     columns: int
@@ -236,9 +246,10 @@ class _Array(NamedTuple):
 
 def _array(layer: LayerActions, device: DeviceConfig) -> _Array:
     """``layer``'s arrays on ``device``: the pair's two columns per reading of a weight slice and output,
-    spread over its column groups."""
-    readings = math.ceil(layer.weight_slices * layer.outputs / layer.column_groups)
-    return _Array(min(device.rows or layer.terms, layer.terms), 2 * readings, readings)
+    spread over its column groups; a grouped layer's blocks side by side (``blocks_per_array``)."""
+    blocks = layer.blocks_per_array
+    readings = math.ceil(layer.weight_slices * layer.outputs // layer.groups / layer.column_groups) * blocks
+    return _Array(min(device.rows or layer.terms, layer.terms) * blocks, 2 * readings, readings)
 
 
 def layer_table(cost: ChipCost) -> list[dict[str, object]]:

@@ -5,13 +5,21 @@ the two statistics their energy models take. The counts follow the crossbar that
 
 * a conv/dense layer has O outputs (crossbar columns), K = C_in·kh·kw terms (crossbar rows) and P output
   positions (H'·W'; 1 for a dense layer); its K rows are split into T row tiles
-  (:func:`~resnet8ptq.device.cim.tile_sizes`), its inputs applied in S_x slices of ``dac_bits``
-  (:func:`~resnet8ptq.device.cim.slice_shifts` over the DAC's input window), its weights stored as a
+  (:func:`~resnet8ptq.device.mapping.tile_sizes`), its inputs applied in S_x slices of ``dac_bits``
+  (:func:`~resnet8ptq.device.mapping.slice_shifts` over the DAC's input window), its weights stored as a
   differential pair of cells per weight slice, S_w = ``cells_per_weight`` slices;
 * **arrays**: T row tiles × G column groups, G = ceil(2·S_w·O / ``columns``) (the pair's two cells on two
   columns; ``columns``, an array's bit lines, is a property of the chip, not of the simulation);
+* a **grouped (depthwise) layer** on crossbars (``depthwise=crossbar``) is block-diagonal: each of its g
+  groups a block of K = C_in/g·kh·kw rows and 2·S_w·O/g columns (G column groups of it), packed side by
+  side along the diagonal, B = min(rows // K, columns // (2·S_w·O/g)) blocks to an array when a block fits
+  one (``rows`` null: as many as there are), else each block on its own T × G arrays; its rows are
+  g·K·G, its arrays ceil(g / B), or g·T·G. With ``depthwise=digital`` it is digital MACs, as on the integer
+  device;
+* **array cells** and **utilisation**: the arrays' cells (``rows`` × ``columns``; null: the rows and
+  columns in use) and the share of them the weights take;
 * **row activations** and **DAC conversions**: every row of every array driven once per input slice and
-  output position, P·S_x·K·G (each array has its own row drivers);
+  output position, P·S_x·K·g·G (each array has its own row drivers);
 * **cell reads**: every cell on a driven row, P·S_x·K·2·S_w·O;
 * **ADC conversions**: one per partial sum (tile × input slice × weight slice × output: the pair is read as
   one difference), P·O·T·S_x·S_w, exactly the readings the simulator converts;
@@ -39,11 +47,19 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
-from resnet8ptq.device.cim import dac_window, input_range, slice_shifts, slices, tile_sizes, value_bits
 from resnet8ptq.device.config import Crossbar, DeviceConfig
 from resnet8ptq.device.dac import profiled_inputs
 from resnet8ptq.device.executor import execute
 from resnet8ptq.device.graph import Add, AveragePool, Conv, IntegerModel, MaxPool
+from resnet8ptq.device.mapping import (
+    dac_window,
+    input_range,
+    on_crossbar,
+    slice_shifts,
+    slices,
+    tile_sizes,
+    value_bits,
+)
 
 STATISTICS_EVERY = 4
 """The input statistics are measured on every fourth calibration image (250 of the default 1,000, all
@@ -66,10 +82,14 @@ class LayerActions:
     terms: int = 0  # conv/dense: terms per output, C_in·kh·kw (crossbar rows before tiling)
     positions: int = 0  # conv/dense: output positions per image, H'·W' (1 for a dense layer)
     macs: int = 0
+    mapping: str = ""  # conv/dense: crossbar | digital (the integer device's, a depthwise=digital layer's)
+    groups: int = 1  # conv: input-channel groups (a depthwise layer's: one per channel)
     tiles: int = 0
-    column_groups: int = 0
+    column_groups: int = 0  # per group: a block's column groups
+    blocks_per_array: int = 0  # crossbar: group blocks side by side in one array (1: an ungrouped layer)
     arrays: int = 0
     cells: int = 0
+    array_cells: int = 0  # crossbar: the cells of the layer's arrays, used or not
     input_slices: int = 0
     weight_slices: int = 0
     row_activations: int = 0
@@ -120,7 +140,7 @@ def count_actions(
     """Every layer's actions for one image. ``shapes``: each tensor's shape for one image (the layer outputs'
     and the model input's); ``crossbar``: None for the integer device (digital MACs only); ``columns``: an
     array's columns (``math.inf``: one array holds a row tile's every column); ``input_counts``: per
-    conv/dense layer, its inputs' counts per value of :func:`~resnet8ptq.device.cim.input_range` (for
+    conv/dense layer, its inputs' counts per value of :func:`~resnet8ptq.device.mapping.input_range` (for
     ``mean_input``); ``dac_ranges``: a calibrated DAC's."""
     counted: list[LayerActions] = []
     for layer in model.layers:
@@ -155,25 +175,41 @@ def _conv(
         "terms": terms,
         "positions": positions,
         "macs": positions * outputs * terms,
+        "groups": layer.groups,
         "requantizations": out,
         "residual_adds": out if layer.residual is not None else 0,
     }
-    if crossbar is None:
-        return LayerActions(**digital)
+    if crossbar is None or not on_crossbar(layer, crossbar):
+        return LayerActions(**digital, mapping="digital")
     window = dac_window(layer, dac_ranges)
     in_bits, _ = value_bits(*window)
     x_slices = len(slice_shifts(crossbar.dac_bits, in_bits))
     w_slices = crossbar.cells_per_weight
-    tiles = len(tile_sizes(terms, crossbar.rows))
-    groups = max(1, math.ceil(2 * w_slices * outputs / columns))  # columns=inf: one group
+    sizes = tile_sizes(terms, crossbar.rows)
+    tiles, blocks = len(sizes), layer.groups
+    width = 2 * w_slices * outputs // blocks  # a group block's columns: the pair's two per weight slice
+    groups = max(1, math.ceil(width / columns))  # columns=inf: one group
+    per_array = 1
+    if blocks > 1 and tiles == 1 and groups == 1:  # block-diagonal: blocks side by side along the diagonal
+        fit_rows = crossbar.rows // terms if crossbar.rows else blocks
+        fit_columns = blocks if math.isinf(columns) else int(columns // width)
+        per_array = max(1, min(fit_rows, fit_columns, blocks))
+    arrays = math.ceil(blocks / per_array) if per_array > 1 else blocks * tiles * groups
+    array_rows = crossbar.rows or sizes[0] * per_array
+    array_columns = crossbar.columns or math.ceil(width / groups) * per_array
     counts = (input_counts or {}).get(layer.name)
-    driven = positions * x_slices * terms * groups  # rows driven: every array's, once per input slice
+    driven = (
+        positions * x_slices * terms * blocks * groups
+    )  # rows driven: every array's, once per input slice
     return LayerActions(
         **digital,
+        mapping="crossbar",
         tiles=tiles,
         column_groups=groups,
-        arrays=tiles * groups,
+        blocks_per_array=per_array,
+        arrays=arrays,
         cells=2 * w_slices * outputs * terms,
+        array_cells=arrays * array_rows * array_columns,
         input_slices=x_slices,
         weight_slices=w_slices,
         row_activations=driven,
@@ -190,7 +226,7 @@ def _conv(
 def mean_input(layer: Conv, counts: np.ndarray, window: tuple[int, int], dac_bits: int) -> float:
     """The mean DAC level on a driven row, a fraction of its top level: every input value (``counts`` per
     value of the layer's input range) clipped to the DAC's ``window`` and cut into ``dac_bits`` slices as the
-    crossbar cuts it (:func:`~resnet8ptq.device.cim.slices`), each slice's |digit| over 2^width - 1,
+    crossbar cuts it (:func:`~resnet8ptq.device.mapping.slices`), each slice's |digit| over 2^width - 1,
     averaged over the slices and weighted by the counts."""
     low, high = input_range(layer)
     values = torch.from_numpy(np.clip(np.arange(low, high + 1), *window).astype(np.float64))
@@ -217,7 +253,16 @@ def totals(counted: list[LayerActions]) -> dict[str, int]:
     """The actions of one inference, summed over the layers (:data:`COUNTED`), with the chip's arrays and
     cells."""
     summed = {name: sum(getattr(layer, name) for layer in counted) for name in COUNTED}
-    return summed | {"arrays": sum(a.arrays for a in counted), "cells": sum(a.cells for a in counted)}
+    chip = {
+        name: sum(getattr(layer, name) for layer in counted) for name in ("arrays", "cells", "array_cells")
+    }
+    return summed | chip
+
+
+def utilisation(counted: list[LayerActions]) -> float:
+    """The share of the arrays' cells the weights take (NaN without arrays: the integer device)."""
+    chip = totals(counted)
+    return chip["cells"] / chip["array_cells"] if chip["array_cells"] else math.nan
 
 
 def table(counted: list[LayerActions]) -> list[dict]:

@@ -21,6 +21,10 @@ What is modelled, per layer, for every output (a crossbar column) and every imag
   (symmetric ±(2^(b-1) - 1), or 2^b codes over the calibrated range); steps and windows come per layer, tile
   or column from :mod:`.adc` (``adc_range``, ``adc_granularity``, ``adc_window``, ``adc_step``). Input
   slices of one column share its ADC.
+* **Grouped (depthwise) convolutions** (``depthwise``): ``crossbar`` maps them block-diagonally, each group's
+  C_in/groups·kh·kw terms on rows of its own and its outputs' columns beside them (a 3x3 depthwise kernel is
+  9 rows of one column), so each column sums its own group's terms only, tiled, sliced and read as any
+  column; ``digital`` computes them on the digital unit, exactly (the integer executor's arithmetic).
 * **Digital accumulator**: the ADC codes times their steps are shifted and added tile by tile into a
   saturating ``accumulator_bits`` register; with ``free`` (non power-of-two) steps the register keeps
   :data:`~.adc.STEP_FRACTION_BITS` fraction bits beside them and the sum is rounded half to even to an
@@ -43,62 +47,24 @@ from resnet8ptq.device.adc import Geometry, LayerSteps, PartialSumProfile
 from resnet8ptq.device.cells import cell_digits, drift_compensation
 from resnet8ptq.device.config import Crossbar
 from resnet8ptq.device.effects import STEPS, Effect, ReadStream, Site, Tile, configured, on_the_chip
-from resnet8ptq.device.executor import EXACT_FLOAT32, Arithmetic, integer_conv2d, zero_pad
-from resnet8ptq.device.graph import Conv, IntegerModel
-from resnet8ptq.errors import Unsupported
-
-
-def check_mappable(model: IntegerModel) -> None:
-    """Refuse a model with a layer this crossbar model does not map: a grouped (depthwise) convolution, whose
-    outputs each sum their own group's C_in / groups · kh · kw terms (on arrays block-diagonally, or on a
-    digital unit: issue 74)."""
-    grouped = [f"{conv.name} ({conv.groups} groups)" for conv in model.convs if conv.groups > 1]
-    if grouped:
-        raise Unsupported(
-            "device=cim does not map grouped (depthwise) convolutions onto crossbars yet: "
-            f"{', '.join(grouped)}. device=integer runs them."
-        )
-
-
-def tile_sizes(terms: int, rows: int | None) -> list[int]:
-    """``terms`` split into the fewest tiles of at most ``rows``, as equal as possible, larger ones first
-    (aihwkit-lightning's split: 576 at 128 rows -> [116, 115, 115, 115, 115])."""
-    if rows is None or terms <= rows:
-        return [terms]
-    count = math.ceil(terms / rows)
-    base, extra = divmod(terms, count)
-    return [base + 1] * extra + [base] * (count - extra)
-
-
-def slices(values: torch.Tensor, bits: int, total_bits: int, signed: bool) -> list[tuple[torch.Tensor, int]]:
-    """``values`` (integers in float) cut into ``bits``-bit digits, lowest first, with each digit's
-    significance (a power of two): x = Σ digit · 2^shift. Signed values are in two's complement over
-    ``total_bits``, the top digit negative-weighted."""
-    if bits >= total_bits:
-        return [(values, 0)]
-    as_int = values.to(torch.int32)  # narrow: the bit operations stream less memory
-    if signed:
-        as_int = torch.where(as_int < 0, as_int + (1 << total_bits), as_int)
-    digits = []
-    for low in slice_shifts(bits, total_bits):
-        width = min(bits, total_bits - low)
-        digit = (as_int >> low) & ((1 << width) - 1)
-        if signed and low + width == total_bits:  # the sign digit: two's complement of its width
-            digit = torch.where(digit >= 1 << (width - 1), digit - (1 << width), digit)
-        digits.append((digit.to(values.dtype), low))
-    return digits
-
-
-def slice_shifts(bits: int, total_bits: int) -> list[int]:
-    """The significance (shift) of each ``bits``-bit digit of a ``total_bits`` value, lowest first."""
-    return list(range(0, total_bits, bits)) if bits < total_bits else [0]
-
-
-def value_bits(low: int, high: int) -> tuple[int, bool]:
-    """(bits, signed): the width of the two's-complement (or unsigned) integers from ``low`` to ``high``."""
-    if low >= 0:
-        return max(int(high).bit_length(), 1), False
-    return max(int(high).bit_length(), int(-low - 1).bit_length()) + 1, True
+from resnet8ptq.device.executor import (
+    EXACT_FLOAT32,
+    Arithmetic,
+    Ideal,
+    integer_conv2d,
+    stacked_conv2d,
+    zero_pad,
+)
+from resnet8ptq.device.graph import Conv
+from resnet8ptq.device.mapping import (
+    dac_window,
+    grouped_channels,
+    input_range,
+    on_crossbar,
+    slices,
+    tile_sizes,
+    value_bits,
+)
 
 
 class CrossbarArithmetic(Arithmetic):
@@ -226,7 +192,7 @@ class CrossbarArithmetic(Arithmetic):
             kernel = int(np.prod(layer.weight.shape[2:]))  # a channel's kh·kw rows (term order: c, kh, kw)
             tiles, masks, places, cells_of_tile = [], [], [], []
             for low, high in itertools.pairwise(self._bounds(layer)):
-                channels = slice(low // kernel, -(-high // kernel))
+                channels = slice(low // kernel, -(-high // kernel))  # of a group's C_in / groups
                 mask = torch.zeros(layer.terms, dtype=torch.float64)
                 mask[low:high] = 1
                 tiles.append((channels, (stacked * mask).reshape(-1, *layer.weight.shape[1:])[:, channels]))
@@ -235,7 +201,10 @@ class CrossbarArithmetic(Arithmetic):
                 place = torch.zeros(layer.terms, dtype=torch.float64)
                 place[low:high] = torch.arange(high - low, dtype=torch.float64) / (high - low)
                 places.append(place.reshape(1, *layer.weight.shape[1:])[:, channels])
-            self._tiled[layer.name] = ([(ch, w.to(dtype=dtype, device=device)) for ch, w in tiles], largest)
+            self._tiled[layer.name] = (
+                [(grouped_channels(layer, ch, device), w.to(dtype=dtype, device=device)) for ch, w in tiles],
+                largest,
+            )
             self._cells_of_tile[layer.name] = [cell.to(device=device) for cell in cells_of_tile]
             self._rows_of_tile[layer.name] = [mask.to(device=device) for mask in masks]
             self._place_of_row[layer.name] = [place.to(device=device) for place in places]
@@ -247,6 +216,8 @@ class CrossbarArithmetic(Arithmetic):
 
     def accumulate(self, layer: Conv, x: torch.Tensor) -> torch.Tensor:
         c = self.crossbar
+        if not on_crossbar(layer, c):
+            return Ideal().accumulate(layer, x)  # the digital unit: exact integer MACs
         n, outputs = x.shape[0], len(layer.weight)
         low, high = self.input_window(layer)
         if (low, high) != input_range(layer):
@@ -318,7 +289,7 @@ class CrossbarArithmetic(Arithmetic):
         """**Read** one row tile: its partial sums (Sx·N, Sw·O, H', W') for the input digits ``x`` (the
         channels its rows touch), then every ``read`` effect (with Σ x² over the tile's rows where one needs
         it: :attr:`~.effects.Effect.needs_input_energy`)."""
-        partial = integer_conv2d(x, weight, layer.stride)
+        partial = stacked_conv2d(x, weight, layer.stride, layer.groups, len(layer.weight))
         significance = self._significance.get(layer.name)
         if significance is not None:  # noisy cells: their fixed-point digits' exact readings, added in order
             digits = partial.view(len(partial), len(significance), -1, *partial.shape[2:])
@@ -335,11 +306,13 @@ class CrossbarArithmetic(Arithmetic):
             # Σ x² over the tile's rows: exact in float32 below 2^24, as every sum of integers here
             exact = x.dtype == torch.float32 and float(rows.sum()) * scale**2 < EXACT_FLOAT32
             dtype = torch.float32 if exact else torch.float64
-            energy = integer_conv2d(x.to(dtype).square(), rows.to(dtype), layer.stride)
+            energy = input_energy(layer, x.to(dtype).square(), rows.to(dtype), partial.shape[1])
         array = None
         if any(effect.needs_tile for effect in self.effects["read"]):
             cells, place = self._cells_of_tile[layer.name][tile], self._place_of_row[layer.name][tile]
-            array = Tile(x, scale - 1, cells, place, int(rows.sum()), layer.stride)
+            array = Tile(
+                x, scale - 1, cells, place, int(rows.sum()), layer.stride, layer.groups, len(layer.weight)
+            )
         site = Site(self.seed, layer.name, tile, input_energy=energy, array=array)
         for effect in self.effects["read"]:
             partial = effect.apply(partial, self.crossbar, self._stream, site)
@@ -420,22 +393,12 @@ class CrossbarArithmetic(Arithmetic):
         return self._adcs[layer.name][tile]
 
 
-def input_range(layer: Conv) -> tuple[int, int]:
-    """The centred input's integer range: qmin - zp .. qmax - zp."""
-    q = layer.input_quant
-    return q.qmin - q.zero_point, q.qmax - q.zero_point
-
-
-def dac_window(layer: Conv, dac_ranges: dict[str, tuple[int, int]] | None) -> tuple[int, int]:
-    """The centred inputs the layer's DAC applies: its calibrated range (``dac_ranges``, :mod:`.dac`), else
-    the quantized input's (:func:`input_range`)."""
-    return (dac_ranges or {}).get(layer.name) or input_range(layer)
-
-
-def worst_case_full_scale(layer: Conv, crossbar: Crossbar, window: tuple[int, int]) -> float:
-    """The largest |partial sum| a tile can produce: its rows × the largest input digit × the largest cell
-    level (every cell at full scale, every input slice at its maximum), inputs in the DAC's ``window``."""
-    in_bits, _ = value_bits(*window)
-    digit = 2 ** min(crossbar.dac_bits, in_bits) - 1
-    cell = 2**crossbar.bits_per_cell - 1
-    return tile_sizes(layer.terms, crossbar.rows)[0] * digit * cell
+def input_energy(layer: Conv, squares: torch.Tensor, rows: torch.Tensor, columns: int) -> torch.Tensor:
+    """Σ x² over a row tile's rows (``rows``: ones on them, (1, C_t, kh, kw)) for every reading: (Sx·N, 1, H',
+    W'), the same for every column; a grouped layer's per column, (Sx·N, ``columns``, H', W'), each column
+    its group's rows."""
+    if layer.groups == 1:
+        return integer_conv2d(squares, rows, layer.stride)
+    per_group = integer_conv2d(squares, rows.repeat(layer.groups, 1, 1, 1), layer.stride, groups=layer.groups)
+    outputs = len(layer.weight)
+    return per_group.repeat_interleave(outputs // layer.groups, dim=1).repeat(1, columns // outputs, 1, 1)

@@ -23,12 +23,13 @@ CHARGE_LOSSES = ("none", "sonos")  # charge-trap cells' retention (device/effect
 # the programming noise's sigma (device/effects/programming_noise.py)
 NOISE_MODELS = ("constant", "proportional", "pcm", "pcm_signed", "sonos")
 ADC_ERRORS = ("adc_offset", "adc_gain", "adc_inl", "adc_noise")
+DEPTHWISE = ("crossbar", "digital")  # where a grouped (depthwise) convolution is computed (device/cim.py)
 IR_DROP_G_RATIO = 1 / 0.35 / 5e-6  # aihwkit's default: 0.35 Ω of wire per cell, 5 µS a cell's top conductance
 
 
-LAYOUT = ("rows", "dac_bits", "dac_range", "dac_percentile", "bits_per_cell", "cells_per_weight")
-"""The settings that decide a layer's partial sums (tiles, the inputs' range and slices, weight slices): what
-the ADC calibration depends on."""
+LAYOUT = ("rows", "dac_bits", "dac_range", "dac_percentile", "bits_per_cell", "cells_per_weight", "depthwise")
+"""The settings that decide a layer's partial sums (tiles, the inputs' range and slices, weight slices, which
+layers are on crossbars): what the ADC calibration depends on."""
 DRAWN = {"draws": True}
 """Metadata of a setting that switches on a random effect: a device with any of them away from its default is
 evaluated over ``noise_seeds`` draws."""
@@ -107,6 +108,8 @@ class Crossbar:
     adc_inl: float = 0.0
     adc_noise: float = field(default=0.0, metadata=DRAWN)
     accumulator_bits: int = 32  # the digital accumulator adding the tiles (saturating)
+    # grouped (depthwise) convs: crossbar (each group's own rows and columns) | digital (integer MACs)
+    depthwise: str = "crossbar"
 
     def ideal(self) -> Crossbar:
         """The same tiles and slices (:data:`LAYOUT`), every other setting at its ideal default (exact ADC, no
@@ -232,6 +235,10 @@ class DeviceConfig(Crossbar):
                 8 <= self.accumulator_bits <= 64,
                 f"device.accumulator_bits={self.accumulator_bits}: expected 8..64 bits",
             ),
+            (
+                self.depthwise in DEPTHWISE,
+                f"device.depthwise={self.depthwise!r}: expected one of {', '.join(DEPTHWISE)}",
+            ),
             (self.noise_seeds >= 1, f"device.noise_seeds={self.noise_seeds}: expected >= 1"),
             (self.batch_size >= 1, f"device.batch_size={self.batch_size}: expected >= 1"),
         ]
@@ -302,6 +309,7 @@ class DeviceConfig(Crossbar):
         short = {"adc_offset": "ofs", "adc_gain": "gain", "adc_inl": "inl", "adc_noise": "adcn"}
         parts += [f"{short[name]}{getattr(self, name):g}" for name in ADC_ERRORS if getattr(self, name)]
         parts += [f"acc{self.accumulator_bits}"] if self.accumulator_bits != 32 else []
+        parts += ["dwdigital"] if self.depthwise != CROSSBAR_DEFAULTS["depthwise"] else []
         parts += ["bc"] if self.bias_correction else []
         return "-".join(parts)
 

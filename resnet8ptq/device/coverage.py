@@ -1,8 +1,7 @@
 """What the device computes, checked on the FP32 model before any quantization: a network with an operator
 the integer device has no integer form of (a ``Rescaling`` layer's Mul, a Squeeze left dynamic, a MatMul
 ORT did not fuse into a Gemm) is refused naming each such node, instead of after its quantization and
-evaluation, when a toolchain's reader meets it; on ``device=cim`` also a grouped (depthwise) convolution,
-which the crossbar does not map yet (issue 74). The readers (``backends/<name>/integer.py``) stay the
+evaluation, when a toolchain's reader meets it. The readers (``backends/<name>/integer.py``) stay the
 authority on a quantized model; this is the same coverage seen from the canonical ONNX model all toolchains
 start from."""
 
@@ -19,10 +18,10 @@ CARRIED = {"Relu", "Clip", "Reshape", "Flatten", "Transpose", "Softmax"}
 """Operators read as part of a layer (a ReLU or ReLU6 clamp), carrying no arithmetic, or after the logits."""
 
 
-def uncovered(onnx_path: Path, crossbar: bool = False) -> list[str]:
+def uncovered(onnx_path: Path) -> list[str]:
     """The nodes of the FP32 ONNX model at ``onnx_path`` the device does not compute, as ``op (name)``: any
-    operator outside :data:`LAYERS` and :data:`CARRIED`, a Clip not from 0, and with ``crossbar`` a grouped
-    convolution."""
+    operator outside :data:`LAYERS` and :data:`CARRIED`, a Clip not from 0, an AveragePool over less than
+    its whole input."""
     import onnx
     from onnx import numpy_helper
 
@@ -42,8 +41,6 @@ def uncovered(onnx_path: Path, crossbar: bool = False) -> list[str]:
         elif node.op_type == "AveragePool" and not whole_input(attributes, shapes.get(node.input[0], [])):
             window = "x".join(map(str, attributes.get("kernel_shape", [])))
             found.append(f"AveragePool {window}, not over its whole input ({node.name or node.output[0]})")
-        elif crossbar and node.op_type == "Conv" and attributes.get("group", 1) > 1:
-            found.append(f"grouped Conv, {attributes['group']} groups ({node.name or node.output[0]})")
     return found
 
 
@@ -58,14 +55,12 @@ def whole_input(attributes: dict, shape: list[int | None]) -> bool:
 
 def check_coverage(onnx_path: Path, kind: str, model: str) -> None:
     """Refuse, before any work, a network the ``kind`` device (``integer``, ``cim``) cannot compute."""
-    found = uncovered(onnx_path, crossbar=kind == "cim")
+    found = uncovered(onnx_path)
     if found:
         shown = ", ".join(found[:8]) + (f" and {len(found) - 8} more" if len(found) > 8 else "")
         raise Unsupported(
-            f"device={kind} cannot run {model}: {shown}. The integer device computes Conv (grouped: "
-            "device=integer only), Gemm, Add, AveragePool over a whole input, GlobalAveragePool and MaxPool, "
-            "with ReLU or ReLU6 "
-            "after a layer; "
-            "fold other arithmetic into the model's layers (e.g. a Rescaling into the data), or set "
-            "device=none."
+            f"device={kind} cannot run {model}: {shown}. The integer device computes Conv (grouped too), "
+            "Gemm, Add, AveragePool over a whole input, GlobalAveragePool and MaxPool, with ReLU or ReLU6 "
+            "after a layer; fold other arithmetic into the model's layers (e.g. a Rescaling into the data), "
+            "or set device=none."
         )

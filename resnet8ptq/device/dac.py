@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from resnet8ptq.device.cim import dac_window, input_range, value_bits
 from resnet8ptq.device.executor import Ideal, execute
+from resnet8ptq.device.mapping import dac_window, input_range, value_bits
 
 if TYPE_CHECKING:
     import pandas as pd

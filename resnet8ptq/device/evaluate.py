@@ -11,15 +11,16 @@ from dataclasses import astuple, dataclass, field
 import numpy as np
 from tqdm import tqdm
 
-from resnet8ptq.device.actions import LayerActions, device_actions, totals
+from resnet8ptq.device.actions import LayerActions, device_actions, totals, utilisation
 from resnet8ptq.device.adc import LayerSteps, PartialSumProfile
 from resnet8ptq.device.adc_ranges import AdcRule, calibrated_steps, fixed_steps
-from resnet8ptq.device.cim import CrossbarArithmetic, check_mappable, worst_case_full_scale
+from resnet8ptq.device.cim import CrossbarArithmetic
 from resnet8ptq.device.config import CALIBRATED_RANGES, DeviceConfig
 from resnet8ptq.device.dac import dac_ranges as calibrated_dac_ranges
 from resnet8ptq.device.dac import profiled_inputs
 from resnet8ptq.device.executor import Arithmetic, Ideal, execute
 from resnet8ptq.device.graph import IntegerModel
+from resnet8ptq.device.mapping import crossbar_convs, worst_case_full_scale
 from resnet8ptq.evaluate import Evaluated, subset_accuracy
 from resnet8ptq.layer_errors import tensor_sqnr_db
 from resnet8ptq.metrics import TOP1, Metric
@@ -75,6 +76,11 @@ class DeviceResult:
             "device_seconds": self.seconds,
             **({"device_sqnr_min_db": min(self.layer_sqnr.values())} if self.layer_sqnr else {}),
             **{f"device_{name}": float(count) for name, count in totals(self.actions).items()},
+            **(
+                {"device_array_utilisation": utilisation(self.actions)}
+                if np.isfinite(utilisation(self.actions))
+                else {}
+            ),
         }
 
     @property
@@ -152,7 +158,7 @@ def adc_steps(
                 else None,
                 adc,
             )
-            for layer in model.convs
+            for layer in crossbar_convs(model, crossbar)
         }
     if len(calibration_images) == 0:
         raise ValueError(f"device.adc_range={rule} sets the ADC ranges from calibration images; none given.")
@@ -179,7 +185,7 @@ def learned_steps(
     window = codes(device.adc_bits, device.adc_window)
     by_key = {steps.layer_key: (source, steps) for source, steps in learned.items()}
     found = {}
-    for layer in model.convs:
+    for layer in crossbar_convs(model, layout.crossbar):
         if layer.weight_key not in by_key:
             raise ValueError(
                 f"device.adc_range=learned: no ADC steps were learned for layer {layer.name}'s weights "
@@ -248,8 +254,6 @@ def evaluate_device(
     ``device`` over every test image, once per noise draw (seeds 0, 1, ...); the ADC ranges from the
     calibration images' partial sums (``adc_profiles``: :func:`adc_steps`), or ``learned``
     (``device.adc_range=learned``)."""
-    if device.kind == "cim":
-        check_mappable(model)
     start = time.perf_counter()
     name, reference_predictions = evaluated.name, evaluated.reference.predictions
     images, labels, perf_subset, metric = data.test_images, data.test_labels, data.perf_subset, data.metric

@@ -83,6 +83,24 @@ def integer_conv2d(
     return product.reshape(len(x), len(weight), *out)
 
 
+def stacked_conv2d(
+    x: torch.Tensor, weight: torch.Tensor, stride: tuple[int, int] | int, groups: int, outputs: int
+) -> torch.Tensor:
+    """:func:`integer_conv2d` of a layer's ``groups``-grouped convolution whose ``outputs`` channels are
+    stacked S times on ``weight``'s outputs (S·O, C/groups, kh, kw; stack-major, as a crossbar stacks a
+    layer's weight slices): each stack convolved group by group, the result (N, S·O, H', W') in ``weight``'s
+    order. One convolution, its outputs reordered group-major (a grouped convolution reads group j // (S·O /
+    groups))."""
+    if groups == 1:
+        return integer_conv2d(x, weight, stride)
+    stacks, per_group = len(weight) // outputs, outputs // groups
+    rest = weight.shape[1:]
+    grouped = weight.reshape(stacks, groups, per_group, *rest).transpose(0, 1).reshape(len(weight), *rest)
+    out = integer_conv2d(x, grouped, stride, groups=groups)
+    size = out.shape[2:]
+    return out.reshape(len(x), groups, stacks, per_group, *size).transpose(1, 2).reshape(len(x), -1, *size)
+
+
 @contextmanager
 def exact_matmul() -> Iterator[None]:
     """TF32 off for CUDA matrix products while inside (torch's default, kept against a changed global)."""

@@ -31,11 +31,18 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from resnet8ptq.device.cim import dac_window, input_range, slice_shifts, tile_sizes, value_bits
 from resnet8ptq.device.config import Crossbar, DeviceConfig
 from resnet8ptq.device.effects import STEPS, configured
 from resnet8ptq.device.executor import execute
 from resnet8ptq.device.graph import Add, AveragePool, Conv, IntegerModel, MaxPool
+from resnet8ptq.device.mapping import (
+    dac_window,
+    input_range,
+    on_crossbar,
+    slice_shifts,
+    tile_sizes,
+    value_bits,
+)
 
 GOLDEN_IMAGES = 16
 SCHEME = (
@@ -195,7 +202,10 @@ CROSSBAR_CONVENTIONS = {
     "terms": "A conv/dense output's dot product runs over its K = C_in*kh*kw terms in C_in-major "
     "order: term k = (c*kh + i)*kw + j of the zero-padded, strided window of the centred "
     "input x - x_zp (integer_model.json gives padding, stride and zero points); a dense "
-    "layer's terms are its input channels.",
+    "layer's terms are its input channels. A grouped (depthwise) layer's output o sums its group's "
+    "K = C_in/groups*kh*kw terms only (group o // (O / groups); layers[].groups): depthwise crossbar "
+    "maps each group block-diagonally (its own rows and columns); depthwise digital computes the layer "
+    "exactly on the digital unit (layers[].mapping digital: no tiles, slices or ADCs).",
     "tiles": "The K terms are split into ceil(K / rows) row tiles as equal as possible, the larger "
     "first (aihwkit-lightning's split; layers[].tile_sizes); tile t holds terms [sum of the "
     "sizes before t, + its size). rows null: one tile.",
@@ -253,6 +263,9 @@ def crossbar_layers(
     calibrated ranges of ``dac_range=percentile``), else the quantized input's."""
     layers = []
     for layer in model.convs:
+        if not on_crossbar(layer, crossbar):
+            layers.append({"name": layer.name, "groups": layer.groups, "mapping": "digital"})
+            continue
         low, high = dac_window(layer, dac)
         bits, signed = value_bits(low, high)
         capacity = crossbar.bits_per_cell * crossbar.cells_per_weight
@@ -268,6 +281,8 @@ def crossbar_layers(
                 "input_slice_shifts": slice_shifts(crossbar.dac_bits, bits),
                 "weight_slice_shifts": slice_shifts(crossbar.bits_per_cell, capacity),
                 "output_columns": len(layer.weight),
+                "groups": layer.groups,
+                "mapping": "crossbar",
             }
         )
     return layers

@@ -81,6 +81,7 @@ CHIP_METRICS = (
     "device_area_mm2",
     "device_tops_per_w",
     "device_tops_per_mm2",
+    "device_array_utilisation",
     *(f"device_energy_uj_{name}" for name in COMPONENTS),
 )
 """A costed device run's chip (resnet8ptq/components/): energy, latency, area, efficiency, energy by

@@ -72,6 +72,9 @@ METRICS = {
     "device_pooling_adds": "device runs: the average pool's additions per inference",
     "device_arrays": "cim: crossbar arrays the model takes (row tiles x column groups, summed over layers)",
     "device_cells": "cim: memory cells the weights take (a differential pair per weight slice)",
+    "device_array_cells": "cim: the cells of the arrays the model takes, used or not (rows x columns each)",
+    "device_array_utilisation": "cim: the share of the arrays' cells the weights take (device_cells / "
+    "device_array_cells; a block-diagonal depthwise layer's is low)",
     "device_energy_uj": "device runs: energy of one inference on the chip, µJ (components/costs.py)",
     "device_energy_uj_<component>": "device runs: its part in one component (cells, word_lines, bit_lines, "
     "dac, adc, shift_add, mac, accumulator, requantizer, leakage), µJ",

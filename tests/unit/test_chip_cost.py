@@ -157,6 +157,48 @@ def test_the_integer_device_is_digital_macs() -> None:
     assert cost.latency == pytest.approx(math.ceil(layer.macs / 32) * parts["mac"].latency)
 
 
+def test_a_depthwise_layer_is_costed_on_the_mapping_it_runs_on() -> None:
+    """A 3x3 conv then a 16-channel depthwise layer on a 128-row, 5-bit chip: ``depthwise=crossbar`` packs
+    the 16 kernels 14 to an array (2 arrays, each with the ADCs of its 14 column pairs, a DAC on each of
+    the 144 rows in use, bit lines as long as 14 kernels' 126 rows); ``digital`` prices the depthwise layer
+    as integer MACs (the MAC units then on the chip too) and leaves the conv's cost as it was."""
+    from dataclasses import replace
+
+    rng = np.random.default_rng(0)
+    conv = conv_layer(rng, channels_in=16, channels_out=16)
+    depthwise = replace(
+        conv_layer(rng, channels_in=1, channels_out=16), name="dw", input="y", output="z", groups=16
+    )
+    model = IntegerModel("test", "x", conv.input_quant, "half_to_even", [conv, depthwise])
+    shapes = {"y": (16, SIDE, SIDE), "z": (16, SIDE, SIDE)}
+    components = ComponentsConfig(columns_per_adc=1)
+    costs, counts = {}, {}
+    for mapping in ("crossbar", "digital"):
+        device = DeviceConfig(kind="cim", rows=128, adc_bits=5, depthwise=mapping)
+        counts[mapping] = [
+            _with_statistics(a) for a in count_actions(model, shapes, device.crossbar(), math.inf)
+        ]
+        costs[mapping] = chip_cost(counts[mapping], device, components)
+    on_arrays, packed = counts["crossbar"][1], costs["crossbar"]
+    parts = {part.component: part for part in packed.parts}
+    assert "mac" not in parts and on_arrays.arrays == 2 and on_arrays.blocks_per_array == 14
+    assert packed.area["adc"] == pytest.approx((2 * 16 + 2 * 14) * parts["adc"].area)
+    assert packed.area["dac"] == pytest.approx((144 + 16 * 9) * parts["dac"].area)
+    dw_cost = packed.layers[1]
+    assert (
+        dw_cost["adc"] == pytest.approx(on_arrays.adc_conversions * parts["adc"].energy)
+        and dw_cost["mac"] == 0
+    )
+    digital = costs["digital"]
+    parts = {part.component: part for part in digital.parts}
+    assert counts["digital"][1].mapping == "digital"
+    conv_cost, dw_cost = digital.layers
+    assert dw_cost["mac"] == pytest.approx(16 * SIDE * SIDE * 9 * parts["mac"].energy) and dw_cost["adc"] == 0
+    assert conv_cost == packed.layers[0]
+    assert digital.area["adc"] == pytest.approx(2 * 16 * parts["adc"].area)
+    assert digital.area["digital"] > packed.area["digital"]  # the MAC units
+
+
 @pytest.mark.parametrize(
     ("settings", "message"),
     [

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from resnet8ptq.device.adc import Geometry, LayerSteps
-from resnet8ptq.device.cim import CrossbarArithmetic, check_mappable, slices, tile_sizes
+from resnet8ptq.device.cim import CrossbarArithmetic
 from resnet8ptq.device.config import Crossbar, DeviceConfig
 from resnet8ptq.device.executor import Ideal, integer_conv2d, requantize_exact
 from resnet8ptq.device.fixed_point import (
@@ -19,8 +19,8 @@ from resnet8ptq.device.fixed_point import (
     multiply_by_quantized_multiplier,
     quantize_multiplier,
 )
-from resnet8ptq.device.graph import Conv, IntegerModel, Quant
-from resnet8ptq.errors import Unsupported
+from resnet8ptq.device.graph import Conv, Quant
+from resnet8ptq.device.mapping import slices, tile_sizes
 
 pytestmark = pytest.mark.device
 
@@ -164,16 +164,6 @@ def test_the_grouped_gemm_convolution_equals_torch_conv(groups: int, multiplier:
     expected = torch.nn.functional.conv2d(x, weight, stride=stride, groups=groups)
     assert torch.equal(integer_conv2d(x, weight, stride, gemm=True, groups=groups), expected)
     assert torch.equal(integer_conv2d(x, weight, stride, groups=groups), expected)
-
-
-def test_the_crossbar_refuses_a_depthwise_layer_before_any_work() -> None:
-    layer = conv_layer(np.random.default_rng(0), channels_in=1)
-    depthwise = dataclasses.replace(layer, name="dw", groups=8)
-    model = IntegerModel("tflite", "x", layer.input_quant, "half_away_from_zero", [depthwise])
-    assert depthwise.depthwise and depthwise.terms == 9
-    with pytest.raises(Unsupported, match=r"depthwise.*dw \(8 groups\).*device=integer runs them"):
-        check_mappable(model)
-    check_mappable(IntegerModel("tflite", "x", layer.input_quant, "half_away_from_zero", [layer]))
 
 
 @pytest.mark.parametrize(

@@ -58,7 +58,6 @@ def test_every_uncovered_operator_is_named(tmp_path: Path) -> None:
     assert uncovered(network(tmp_path / "b.onnx", "Mul")) == ["Mul (rescale)"]
     assert uncovered(network(tmp_path / "c.onnx", "Clip")) == []  # ReLU6: covered
     assert uncovered(network(tmp_path / "d.onnx", "Clip", -1.0)) == ["Clip not from 0 (clip)"]
-    assert uncovered(network(tmp_path / "e.onnx"), crossbar=True) == ["grouped Conv, 4 groups (dw)"]
 
 
 def test_an_average_pool_is_covered_over_its_whole_input_only(tmp_path: Path) -> None:

@@ -31,13 +31,16 @@ class Tile:
     place: torch.Tensor
     rows: int
     stride: tuple[int, int]
+    groups: int = 1  # a grouped layer's: each column reads its group's rows (block-diagonal)
+    outputs: int = 0  # the layer's output channels O (a grouped layer's)
 
     def read(self, inputs: torch.Tensor, cells: torch.Tensor) -> torch.Tensor:
         """``inputs`` (shaped as :attr:`inputs`) read through ``cells`` (as :attr:`cells`): the partial sums
         (Sx·N, Sw·O, H', W'), in float64."""
-        from resnet8ptq.device.executor import integer_conv2d
+        from resnet8ptq.device.executor import stacked_conv2d
 
-        return integer_conv2d(inputs.to(torch.float64), cells.to(torch.float64), self.stride)
+        inputs, cells = inputs.to(torch.float64), cells.to(torch.float64)
+        return stacked_conv2d(inputs, cells, self.stride, self.groups, self.outputs or len(cells))
 
 
 @dataclass(frozen=True)
