@@ -53,6 +53,31 @@ def whole_input(attributes: dict, shape: list[int | None]) -> bool:
     return whole and unpadded
 
 
+def grouped_convolutions(onnx_path: Path) -> list[str]:
+    """The grouped (depthwise) convolutions of the FP32 ONNX model at ``onnx_path``, as ``Conv (name)``."""
+    import onnx
+
+    graph = onnx.load(onnx_path, load_external_data=False).graph
+    return [
+        f"Conv ({node.name or node.output[0]})"
+        for node in graph.node
+        if node.op_type == "Conv" and any(a.name == "group" and a.i > 1 for a in node.attribute)
+    ]
+
+
+def check_learnable_layers(onnx_path: Path, model: str) -> None:
+    """Refuse, before any work, device-aware learning (``algo.device_aware``) of a network with grouped
+    convolutions: it models ungrouped conv and dense layers on the crossbar only."""
+    grouped = grouped_convolutions(onnx_path)
+    if grouped:
+        shown = ", ".join(grouped[:4]) + (f" and {len(grouped) - 4} more" if len(grouped) > 4 else "")
+        raise Unsupported(
+            f"algo.device_aware=true cannot learn {model} against the crossbar: it has grouped (depthwise) "
+            f"convolutions, {shown}; the learning models ungrouped conv and dense layers only. Set "
+            "algo.device_aware=false (the device still runs them)."
+        )
+
+
 def check_coverage(onnx_path: Path, kind: str, model: str) -> None:
     """Refuse, before any work, a network the ``kind`` device (``integer``, ``cim``) cannot compute."""
     found = uncovered(onnx_path)

@@ -10,7 +10,7 @@ from pathlib import Path
 from resnet8ptq import drawing, hardware, records
 from resnet8ptq.backends.base import KERAS_SOURCE, Backend
 from resnet8ptq.datasets import check_fits, class_names
-from resnet8ptq.device.coverage import check_coverage
+from resnet8ptq.device.coverage import check_coverage, check_learnable_layers
 from resnet8ptq.evaluate import Baseline, Kept, evaluate_baseline
 from resnet8ptq.evaluation_cache import EvaluationCache
 from resnet8ptq.inputs import RunInputs
@@ -50,6 +50,8 @@ class Fp32Stage(Stage):
         classes = class_names(cfg.model.classes, inputs.dataset, labels, f"model={cfg.model.name}")
         if plan.device.enabled:  # an operator the device has no integer form of: refused before any work
             check_coverage(canonical.onnx_path, plan.device.kind, f"model={cfg.model.name}")
+        if cfg.algo.get("device_aware"):
+            check_learnable_layers(canonical.onnx_path, f"model={cfg.model.name}")
         source = source_path(backend, canonical, canonical.onnx_path)
         drawing.wait_started()  # its start-up over before anything is timed
         kept = EvaluationCache.of(backend, Path(cfg.cache_dir), inputs.test_set_digest).measured

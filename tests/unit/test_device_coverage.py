@@ -1,5 +1,6 @@
 """What the device computes, read from the FP32 model before any work: every operator it has no integer form
-of is named; on a crossbar, grouped convolutions too."""
+of is named (a grouped convolution is covered, on the crossbar too); device-aware learning refuses a grouped
+convolution."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from resnet8ptq.device.coverage import check_coverage, uncovered
+from resnet8ptq.device.coverage import check_coverage, check_learnable_layers, uncovered
 from resnet8ptq.errors import Unsupported
 
 
@@ -70,3 +71,9 @@ def test_an_average_pool_is_covered_over_its_whole_input_only(tmp_path: Path) ->
 def test_a_network_with_an_uncovered_operator_is_refused_naming_it(tmp_path: Path) -> None:
     with pytest.raises(Unsupported, match=r"device=integer cannot run model=x: Mul \(rescale\)\. The"):
         check_coverage(network(tmp_path / "b.onnx", "Mul"), "integer", "model=x")
+
+
+def test_device_aware_learning_refuses_a_grouped_convolution_before_any_work(tmp_path: Path) -> None:
+    check_coverage(network(tmp_path / "a.onnx"), "cim", "model=x")  # the crossbar maps it
+    with pytest.raises(Unsupported, match=r"algo.device_aware=true cannot learn model=x .* Conv \(dw\); .*"):
+        check_learnable_layers(network(tmp_path / "a.onnx"), "model=x")
