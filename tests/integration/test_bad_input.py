@@ -219,13 +219,13 @@ def bad_network(tmp_path: Path, case: str) -> tuple[list[str], str]:
             arrays["test_labels"] = np.arange(6)
         np.savez(tmp_path / "kws.npz", **arrays)
     return {
-        "vww on cifar10": (["model=vww"], "the model takes inputs of shape (N, 96, 96, 3); data=cifar10"),
+        "kws on cifar10": (["model=kws"], "the model takes inputs of shape (N, 49, 10, 1); data=cifar10"),
         "no labels": (kws, "kws.npz lacks test_labels"),
         "vww shape": (kws, "the model takes inputs of shape (N, 49, 10, 1); data=npz"),
     }[case]
 
 
-@pytest.mark.parametrize("case", ["vww on cifar10", "no labels", "vww shape"])
+@pytest.mark.parametrize("case", ["kws on cifar10", "no labels", "vww shape"])
 def test_data_the_network_cannot_take(run_cli, workdir: Path, case: str) -> None:
     """A network's data that is missing, malformed or of another network's shape: the run fails with what
     is wrong, recorded, nothing cached but the converted model."""

@@ -133,13 +133,13 @@ def test_anomaly_detection_scored_by_auc_through_every_toolchain(
 
 
 @pytest.fixture(scope="module")
-def converted(assets_dir: Path, tmp_path_factory: pytest.TempPathFactory):
-    """The canonical ONNX models of VWW and KWS, converted in a cache of their own."""
-    cache = tmp_path_factory.mktemp("networks")
+def converted(assets_dir: Path, model_cache: Path):
+    """The canonical ONNX models of VWW, KWS and AD, converted in the worker's model cache, where the CLI runs
+    of this module convert (and then reuse) them too: each is converted once per worker."""
 
     def convert(relative: str, sha256: str, name: str) -> Path:
-        source, actual = resolve_source(assets_dir / relative, sha256, cache)
-        return canonical_onnx(source, actual, cache, name).onnx_path
+        source, actual = resolve_source(assets_dir / relative, sha256, model_cache)
+        return canonical_onnx(source, actual, model_cache, name).onnx_path
 
     return convert
 
