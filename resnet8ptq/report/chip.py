@@ -56,9 +56,9 @@ def chip_section(report: Report, drop_points: float) -> list[str]:
     if not picks:
         picks.append(f"**No chip keeps its accuracy within {drop_points:g} point(s) of the integer device.**")
     origins = sorted({origin for _, origin in references.values()})
-    picks += mapping_lines(runs, drop_points)
     section += ["- " + "\n- ".join(picks), "The integer device's accuracy: " + "; ".join(origins) + "."]
     section.append(_chip_table(runs).markdown())
+    section += depthwise_mapping(runs, drop_points)
     path = report.out_dir / CHIP_ENERGY_PNG
     title = "Energy per inference by component (hwcomponents models)"
     drawing = draw(chip_energy_png, runs, COMPONENTS, path, title)
@@ -70,30 +70,43 @@ DIGITAL_LABEL = "-dwdigital"
 """What a run's device label adds for ``device.depthwise=digital`` (DeviceConfig.label)."""
 
 
-def mapping_lines(runs: pd.DataFrame, drop_points: float) -> list[str]:
+def depthwise_mapping(runs: pd.DataFrame, drop_points: float) -> list[str]:
     """For each chip costed with its depthwise layers both on crossbars and on the digital unit (the same
-    configuration but ``device.depthwise``), which mapping costs less energy and which less area, and
-    whether their accuracies are within ``drop_points`` of each other."""
+    configuration but ``device.depthwise``): a summary line (how many chips each mapping makes cheaper, and
+    how many keep their accuracies within ``drop_points`` of each other) and a table of the pairs; empty
+    without such a pair."""
     by_chip = runs.assign(chip=runs["label"].str.replace(DIGITAL_LABEL, "", regex=False))
-    lines = []
+    rows, digital_cheaper, close = [], {"energy": 0, "area": 0}, 0
     for chip, pair in by_chip.groupby("chip", sort=True):
         digital = pair["label"].str.contains(DIGITAL_LABEL, regex=False)
         if digital.all() or not digital.any():
             continue
         arrays, unit = pair[~digital].iloc[0], pair[digital].iloc[0]
         gap = float(unit["accuracy_pct"] - arrays["accuracy_pct"])
-        cheaper = {
-            what: "the digital unit" if unit[column] < arrays[column] else "crossbars"
-            for what, column in (("energy", "device_energy_uj"), ("area", "device_area_mm2"))
-        }
-        used = fmt(100 * arrays.get("device_array_utilisation", float("nan")), ".1f", " %")
-        lines.append(
-            f"**Depthwise layers of {chip}**: on crossbars {_costed(arrays)} ({used} of the arrays' cells "
-            f"used); on the digital unit {_costed(unit)}. Less energy: {cheaper['energy']}; less area: "
-            f"{cheaper['area']}; the digital unit {gap:+.2f} points "
-            f"({'within' if abs(gap) <= drop_points else 'beyond'} {drop_points:g})."
+        close += abs(gap) <= drop_points
+        cheaper = {}
+        for what, column in (("energy", "device_energy_uj"), ("area", "device_area_mm2")):
+            on_unit = unit[column] < arrays[column]
+            digital_cheaper[what] += on_unit
+            cheaper[what] = "digital" if on_unit else "crossbar"
+        used = fmt(100 * arrays.get("device_array_utilisation", float("nan")), ".3g")
+        rows.append(
+            [chip, _costed(arrays), used, _costed(unit), cheaper["energy"], cheaper["area"], f"{gap:+.2f}"]
         )
-    return lines
+    if not rows:
+        return []
+    pairs = len(rows)
+    summary = (
+        f"**Depthwise layers on crossbars or on the digital unit** (`device.depthwise`), {pairs} chip(s) run "
+        f"both ways: the digital unit costs less energy on {digital_cheaper['energy']}, less area on "
+        f"{digital_cheaper['area']}; the two mappings' accuracies are within {drop_points:g} point(s) on "
+        f"{close}."
+    )
+    headers = [
+        "chip", "depthwise on crossbars", "array cells used %", "depthwise on the digital unit",
+        "less energy", "less area", "digital - crossbar (points)",
+    ]  # fmt: skip
+    return [summary, Table(headers, rows).markdown()]
 
 
 def _costed(row: pd.Series) -> str:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pandas as pd
 
 from resnet8ptq.device.config import DeviceConfig
-from resnet8ptq.report.chip import DIGITAL_LABEL, mapping_lines
+from resnet8ptq.report.chip import DIGITAL_LABEL, depthwise_mapping
 
 
 def chips(*rows: tuple[str, float, float, float]) -> pd.DataFrame:
@@ -26,17 +26,18 @@ def test_the_cheaper_mapping_is_named_in_energy_and_area() -> None:
         ("dscnn @cim-r128-adc5", 71.86, 0.461, 0.416),
         ("dscnn @cim-r128-adc5-dwdigital", 72.33, 0.474, 0.153),
         ("dscnn @cim-r64-adc4", 70.0, 0.3, 0.2),  # one mapping only: not compared
+        ("n @cim", 80.0, 0.2, 0.5),
+        ("n @cim-dwdigital", 70.0, 0.1, 0.6),
     )
-    (line,) = mapping_lines(runs, drop_points=1.0)
-    assert line.startswith("**Depthwise layers of dscnn @cim-r128-adc5**: on crossbars 71.86%, 0.461 µJ")
-    assert "(31.0 % of the arrays' cells used)" in line
-    assert (
-        "Less energy: crossbars; less area: the digital unit; the digital unit +0.47 points (within 1)."
-        in line
+    summary, table = depthwise_mapping(runs, drop_points=1.0)
+    assert summary.endswith(
+        "2 chip(s) run both ways: the digital unit costs less energy on 1, less area on 1; the two "
+        "mappings' accuracies are within 1 point(s) on 1."
     )
-    swapped = chips(("n @cim", 80.0, 0.2, 0.5), ("n @cim-dwdigital", 70.0, 0.1, 0.6))
-    (line,) = mapping_lines(swapped, drop_points=1.0)
-    assert (
-        "Less energy: the digital unit; less area: crossbars; the digital unit -10.00 points (beyond 1)."
-        in line
-    )
+    rows = table.splitlines()[2:]
+    assert rows == [
+        "| dscnn @cim-r128-adc5 | 71.86%, 0.461 µJ, 0.416 mm² | 31 | 72.33%, 0.474 µJ, 0.153 mm² "
+        "| crossbar | digital | +0.47 |",
+        "| n @cim | 80.00%, 0.2 µJ, 0.5 mm² | 31 | 70.00%, 0.1 µJ, 0.6 mm² | digital | crossbar | -10.00 |",
+    ]
+    assert depthwise_mapping(runs.iloc[[2]], drop_points=1.0) == []
