@@ -85,11 +85,12 @@ def dac_ranges(model: IntegerModel, profile: InputProfile, percentile: float) ->
 
 def dac_table(model: IntegerModel, ranges: dict[str, tuple[int, int]], dac_bits: int) -> pd.DataFrame:
     """Every layer's DAC (the run's ``device/dac_ranges.csv``): its quantized input range, the DAC's range and
-    bits, the inputs' cycles at ``dac_bits`` per cycle, before and after the clip."""
+    bits, the inputs' cycles at ``dac_bits`` per cycle, before and after the clip; the layers of ``ranges``
+    (those on the crossbar's arrays: :func:`~resnet8ptq.device.evaluate.dac_ranges`)."""
     import pandas as pd
 
     rows = []
-    for layer in model.convs:
+    for layer in (layer for layer in model.convs if layer.name in ranges):
         full = input_range(layer)
         clip = dac_window(layer, ranges)
         full_bits, bits = value_bits(*full)[0], value_bits(*clip)[0]

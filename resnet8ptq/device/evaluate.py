@@ -113,7 +113,8 @@ def dac_ranges(
     profiles: Profiles | None = None,
 ) -> dict[str, tuple[int, int]]:
     """Each layer's DAC range (:mod:`resnet8ptq.device.dac`) from its inputs on the calibration images (the
-    ideal integer device); empty with ``dac_range=full``."""
+    ideal integer device), for the layers on the crossbar's arrays (a ``depthwise=digital`` layer has no
+    DAC); empty with ``dac_range=full``."""
     if device.kind != "cim" or device.dac_range == "full":
         return {}
     if len(calibration_images) == 0:
@@ -123,7 +124,9 @@ def dac_ranges(
     profile = profiled_inputs(
         model, calibration_images, {} if profiles is None else profiles, device.batch_size
     )
-    return calibrated_dac_ranges(model, profile, device.dac_percentile)
+    ranges = calibrated_dac_ranges(model, profile, device.dac_percentile)
+    on_arrays = {layer.name for layer in crossbar_convs(model, device.crossbar())}
+    return {name: window for name, window in ranges.items() if name in on_arrays}
 
 
 def adc_steps(

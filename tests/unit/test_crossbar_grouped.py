@@ -136,3 +136,18 @@ def test_the_depthwise_setting_is_checked_and_named() -> None:
         DeviceConfig(kind="integer", depthwise="digital")
     assert DeviceConfig(kind="cim", rows=128, depthwise="digital").label == "cim-r128-dwdigital"
     assert "depthwise" in dataclasses.asdict(Crossbar().ideal())  # part of the layout ADCs calibrate on
+
+
+def test_a_digital_depthwise_layer_has_no_dac_range() -> None:
+    """``dac_range=percentile`` calibrates the DACs of the layers on arrays only: with ``depthwise=digital``
+    a depthwise layer has none (and no row in ``dac_ranges.csv``)."""
+    from resnet8ptq.device.evaluate import dac_ranges
+    from resnet8ptq.device.graph import IntegerModel
+
+    rng = np.random.default_rng(15)
+    depthwise = grouped_layer(rng, 4, 4, 1)
+    model = IntegerModel("t", "x", depthwise.input_quant, "half_to_even", [depthwise])
+    images = rng.uniform(-6, 6, (8, 7, 7, 4)).astype(np.float32)
+    settings = {"kind": "cim", "dac_range": "percentile", "dac_percentile": 90.0}
+    assert set(dac_ranges(model, DeviceConfig(**settings), images)) == {"grouped"}
+    assert dac_ranges(model, DeviceConfig(**settings, depthwise="digital"), images) == {}
