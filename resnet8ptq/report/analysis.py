@@ -251,20 +251,6 @@ def hardware_lines(table: pd.DataFrame) -> list[str]:
     ]
 
 
-MLPERF_TINY = (
-    ("ST NUCLEO-U385 (Cortex-M33)", 965.58),
-    ("Syntiant NDP9120", 101.83),
-    ("GreenWaves GAP9", 27.71),
-)
-"""MLPerf Tiny's published median energy per inference (µJ) of this same model (image classification,
-ResNet8 on CIFAR-10), drawn beside the chips, whose memories and data movement are not costed:
-mlcommons/tiny_results_v1.3 closed/STMicroelectronics/results/NUCLEO_U385RG_Q/ic/energy/results.txt (182 ms);
-mlcommons/tiny_results_v1.0 closed/syntiant/results/syntiant_9120_0v9_30mhz/ic/energy/results.txt (0.9 V,
-30 MHz, 16.0 ms; under closed/, its system file says Open division; the same files again in v1.1-v1.3);
-mlcommons/tiny_results_v1.0 closed/greenwaves-technologies/results/gap9_650_240/image_classification/energy/
-results.txt (650 mV, 240 MHz, 0.95 ms)."""
-
-
 def costed(table: pd.DataFrame) -> pd.DataFrame:
     """The configured runs whose chip was costed, each with ``model`` (its quantized model's configuration,
     the device aside)."""
@@ -272,10 +258,3 @@ def costed(table: pd.DataFrame) -> pd.DataFrame:
     runs = runs[runs["device_energy_uj"].notna()].copy()
     runs["model"] = without_device(runs["config"])
     return runs
-
-
-def energy_references(runs: pd.DataFrame) -> tuple[tuple[str, float], ...]:
-    """MLPerf Tiny's published systems, drawn on the accuracy-vs-energy trade-off (µJ)."""
-    if runs.empty:
-        return ()
-    return tuple((f"{name}, MLPerf Tiny", energy) for name, energy in MLPERF_TINY)

@@ -13,12 +13,10 @@ from resnet8ptq.drawing import Drawing, draw
 from resnet8ptq.execution import NATIVE_MISMATCH, mismatch_cause
 from resnet8ptq.markdown import Table
 from resnet8ptq.report.analysis import (
-    MLPERF_TINY,
     SIZE_TOLERANCE,
     THROUGHPUT_TOLERANCE,
     class_deltas,
     costed,
-    energy_references,
     fmt,
     fmt_p,
     machine_names,
@@ -35,6 +33,7 @@ from resnet8ptq.report.figures import (
     class_delta_heatmap_png,
     tradeoff_png,
 )
+from resnet8ptq.report.published_energy import energy_references
 from resnet8ptq.report.runs import accuracy_name, compared_note, configured
 from resnet8ptq.report.significance import seed_spread
 from resnet8ptq.statistics import significant
@@ -299,11 +298,12 @@ def tradeoff_section(report: Report) -> list[str]:
     ]  # fmt: skip
     for x, x_label, png, what, references in panels if len(chips) else ():
         section += _tradeoff(report, chips, (x, x_label, True, png, what), references)
-    if energy_references(chips):
+    references = energy_references(chips)
+    if references:
         section.append(
             "Dotted: MLPerf Tiny's published median energy per inference of this model on whole systems "
-            "(memories and data movement included; each cited in resnet8ptq/report/analysis.py), "
-            + ", ".join(f"{name} {energy:g} µJ" for name, energy in MLPERF_TINY)
+            "(memories and data movement included; each cited in resnet8ptq/report/published_energy.py), "
+            + ", ".join(f"{name} {energy:g} µJ" for name, energy in references)
             + "."
         )
     return section
