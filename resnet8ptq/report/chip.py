@@ -58,6 +58,7 @@ def chip_section(report: Report, drop_points: float) -> list[str]:
             )
     if not picks:
         picks.append(f"**No chip keeps its accuracy within {drop_points:g} point(s) of the integer device.**")
+    picks += target_picks(runs)
     origins = sorted({origin for _, origin in references.values()})
     section += ["- " + "\n- ".join(picks), "The integer device's accuracy: " + "; ".join(origins) + "."]
     section.append(_chip_table(runs).markdown())
@@ -67,6 +68,26 @@ def chip_section(report: Report, drop_points: float) -> list[str]:
     drawing = draw(chip_energy_png, runs, COMPONENTS, path, title)
     section.append(report.image(path, "energy per inference by component", drawing))
     return section
+
+
+def target_picks(runs: pd.DataFrame) -> list[str]:
+    """For each network with an MLPerf Tiny quality target (``model.quality_target``), the chip of least
+    energy that reaches it, or that none does."""
+    picks = []
+    for network, own in runs.dropna(subset=["quality_target"]).groupby("network", sort=True):
+        target = float(own["quality_target"].iloc[0])
+        auc = own["metric"].eq("auc").any()
+        shown = f"AUC {target:.2f}" if auc else f"{100 * target:g}% top-1"
+        meeting = own[own["accuracy_pct"].round(6) >= round(100 * target, 6)]
+        if meeting.empty:
+            picks.append(f"**No chip of {network} reaches MLPerf Tiny's quality target ({shown}).**")
+            continue
+        best = meeting.sort_values(["device_energy_uj", "accuracy_pct"], ascending=[True, False]).iloc[0]
+        picks.append(
+            f"**Cheapest chip by energy for {network} at MLPerf Tiny's quality target ({shown})**: "
+            f"{best['label']} — {score(best)} on the device, {chip_figures(best)}"
+        )
+    return picks
 
 
 DIGITAL_LABEL = "-dwdigital"
