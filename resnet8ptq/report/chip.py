@@ -17,6 +17,7 @@ from resnet8ptq.report.figures import CHIP_ENERGY_PNG, chip_energy_png
 from resnet8ptq.report.published_energy import published_line
 from resnet8ptq.report.runs import configured, without_device
 from resnet8ptq.report.sections import Report, Table
+from resnet8ptq.report.suite import suite_section
 
 
 def integer_accuracy(table: pd.DataFrame, model: str) -> tuple[float, str]:
@@ -44,7 +45,7 @@ def chip_section(report: Report, drop_points: float) -> list[str]:
     within = runs[runs["vs_integer"].round(6) >= -drop_points]
     section = ["## The chip", _source_line(runs)]
     picks = []
-    several = runs["network"].nunique() > 1  # each network's own cheapest chip (one for all: issue 74)
+    several = runs["network"].nunique() > 1  # each network's own cheapest chip (one for all: suite.py)
     for network, own in within.groupby("network", sort=True):
         for what, column in (("energy", "device_energy_uj"), ("area", "device_area_mm2")):
             best = own.sort_values([column, "accuracy_pct"], ascending=[True, False], kind="stable").iloc[0]
@@ -62,6 +63,7 @@ def chip_section(report: Report, drop_points: float) -> list[str]:
     origins = sorted({origin for _, origin in references.values()})
     section += ["- " + "\n- ".join(picks), "The integer device's accuracy: " + "; ".join(origins) + "."]
     section.append(_chip_table(runs).markdown())
+    section += suite_section(runs, drop_points)
     section += depthwise_mapping(runs, drop_points)
     path = report.out_dir / CHIP_ENERGY_PNG
     title = "Energy per inference by component (hwcomponents models)"
