@@ -108,6 +108,9 @@ def depthwise_mapping(runs: pd.DataFrame, drop_points: float) -> list[str]:
         if digital.all() or not digital.any():
             continue
         arrays, unit = pair[~digital].iloc[0], pair[digital].iloc[0]
+        figures = ["accuracy_pct", "device_energy_uj", "device_area_mm2"]
+        if arrays[figures].equals(unit[figures]):  # no grouped layer: both settings are the same chip
+            continue
         gap = float(unit["accuracy_pct"] - arrays["accuracy_pct"])
         close += abs(gap) <= drop_points
         cheaper = {}

@@ -51,7 +51,7 @@ def suite_section(runs: pd.DataFrame, drop_points: float) -> list[str]:
         f"{heading}: **{design}** keeps every network within {drop_points:g} point(s) of its integer device "
         f"at the least total energy, {fmt(totals.loc[design, 'sum'], '.3g', ' µJ')} for one inference of "
         f"each (the most: {worst}, {fmt(totals.loc[design, 'max'], '.3g', ' µJ')}); of the sweep's "
-        f"{runs['device'].nunique()} designs, {len(totals)} keep them all."
+        f"{runs['device'].nunique()} designs, {len(totals)} keep{'s' * (len(totals) == 1)} them all."
     )
     headers = [
         "network", "energy on the suite's chip (µJ)", "vs its integer device (points)",

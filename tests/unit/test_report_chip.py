@@ -41,6 +41,8 @@ def test_the_cheaper_mapping_is_named_in_energy_and_area() -> None:
         "| n @cim | 80.00%, 0.2 µJ, 0.5 mm² | 31 | 70.00%, 0.1 µJ, 0.6 mm² | digital | crossbar | -10.00 |",
     ]
     assert depthwise_mapping(runs.iloc[[2]], drop_points=1.0) == []
+    same = chips(("resnet8 @cim", 86.0, 1.07, 0.5), ("resnet8 @cim-dwdigital", 86.0, 1.07, 0.5))
+    assert depthwise_mapping(same, drop_points=1.0) == []  # no grouped layer: one chip under two names
 
 
 def test_each_network_gets_its_cheapest_chip_at_its_quality_target() -> None:
