@@ -247,8 +247,8 @@ class _Array(NamedTuple):
 def _array(layer: LayerActions, device: DeviceConfig) -> _Array:
     """``layer``'s arrays on ``device``: the pair's two columns per reading of a weight slice and output,
     spread over its column groups; a grouped layer's blocks side by side (``blocks_per_array``)."""
-    blocks = layer.blocks_per_array
-    readings = math.ceil(layer.weight_slices * layer.outputs // layer.groups / layer.column_groups) * blocks
+    blocks, per_group = layer.blocks_per_array, layer.outputs // layer.groups
+    readings = math.ceil(layer.weight_slices * per_group / layer.column_groups) * blocks
     return _Array(min(device.rows or layer.terms, layer.terms) * blocks, 2 * readings, readings)
 
 

@@ -194,13 +194,12 @@ def _conv(
         fit_rows = crossbar.rows // terms if crossbar.rows else blocks
         fit_columns = blocks if math.isinf(columns) else int(columns // width)
         per_array = max(1, min(fit_rows, fit_columns, blocks))
-    arrays = math.ceil(blocks / per_array) if per_array > 1 else blocks * tiles * groups
+    arrays = math.ceil(blocks / per_array) * tiles * groups  # packed blocks have one tile and column group
     array_rows = crossbar.rows or sizes[0] * per_array
     array_columns = crossbar.columns or math.ceil(width / groups) * per_array
     counts = (input_counts or {}).get(layer.name)
-    driven = (
-        positions * x_slices * terms * blocks * groups
-    )  # rows driven: every array's, once per input slice
+    # rows driven: every array's, once per input slice
+    driven = positions * x_slices * terms * blocks * groups
     return LayerActions(
         **digital,
         mapping="crossbar",

@@ -20,10 +20,10 @@ WINDOWS = ("symmetric", "asymmetric")
 DAC_RANGES = ("full", "percentile")  # the DAC's full scale (device/dac.py)
 DRIFTS = ("none", "constant", "pcm")  # the drift exponent's model (device/effects/drift.py)
 CHARGE_LOSSES = ("none", "sonos")  # charge-trap cells' retention (device/effects/charge_loss.py)
-# the programming noise's sigma (device/effects/programming_noise.py)
-NOISE_MODELS = ("constant", "proportional", "pcm", "pcm_signed", "sonos")
+NOISE_MODELS = ("constant", "proportional", "pcm", "pcm_signed", "sonos")  # effects/programming_noise.py
 ADC_ERRORS = ("adc_offset", "adc_gain", "adc_inl", "adc_noise")
 DEPTHWISE = ("crossbar", "digital")  # where a grouped (depthwise) convolution is computed (device/cim.py)
+DIGITAL_DEPTHWISE_LABEL = "dwdigital"  # the run name's part for depthwise=digital (DeviceConfig.label)
 IR_DROP_G_RATIO = 1 / 0.35 / 5e-6  # aihwkit's default: 0.35 Ω of wire per cell, 5 µS a cell's top conductance
 
 
@@ -309,7 +309,7 @@ class DeviceConfig(Crossbar):
         short = {"adc_offset": "ofs", "adc_gain": "gain", "adc_inl": "inl", "adc_noise": "adcn"}
         parts += [f"{short[name]}{getattr(self, name):g}" for name in ADC_ERRORS if getattr(self, name)]
         parts += [f"acc{self.accumulator_bits}"] if self.accumulator_bits != 32 else []
-        parts += ["dwdigital"] if self.depthwise != CROSSBAR_DEFAULTS["depthwise"] else []
+        parts += [DIGITAL_DEPTHWISE_LABEL] if self.depthwise != CROSSBAR_DEFAULTS["depthwise"] else []
         parts += ["bc"] if self.bias_correction else []
         return "-".join(parts)
 

@@ -61,7 +61,7 @@ class DeviceResult:
 
     def metrics(self) -> dict[str, float]:
         """The run's device metrics (the names are the contract docs/mlflow.md lists)."""
-        key = self.metric.key
+        key, used = self.metric.key, utilisation(self.actions)
         return {
             f"{key}_device": self.accuracy,
             f"{key}_device_std": self.std,
@@ -76,11 +76,7 @@ class DeviceResult:
             "device_seconds": self.seconds,
             **({"device_sqnr_min_db": min(self.layer_sqnr.values())} if self.layer_sqnr else {}),
             **{f"device_{name}": float(count) for name, count in totals(self.actions).items()},
-            **(
-                {"device_array_utilisation": utilisation(self.actions)}
-                if np.isfinite(utilisation(self.actions))
-                else {}
-            ),
+            **({"device_array_utilisation": used} if np.isfinite(used) else {}),
         }
 
     @property

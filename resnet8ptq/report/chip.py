@@ -11,6 +11,7 @@ from __future__ import annotations
 import pandas as pd
 
 from resnet8ptq.components.config import COMPONENTS
+from resnet8ptq.device.config import DIGITAL_DEPTHWISE_LABEL
 from resnet8ptq.drawing import draw
 from resnet8ptq.report.analysis import chip_figures, costed, fmt, pareto_front, score
 from resnet8ptq.report.figures import CHIP_ENERGY_PNG, chip_energy_png
@@ -92,8 +93,8 @@ def target_picks(runs: pd.DataFrame) -> list[str]:
     return picks
 
 
-DIGITAL_LABEL = "-dwdigital"
-"""What a run's device label adds for ``device.depthwise=digital`` (DeviceConfig.label)."""
+DIGITAL_LABEL = f"-{DIGITAL_DEPTHWISE_LABEL}"
+"""What a run's label adds for ``device.depthwise=digital``."""
 
 
 def depthwise_mapping(runs: pd.DataFrame, drop_points: float) -> list[str]:
