@@ -132,6 +132,11 @@ class ComponentsConfig:
     dac_model: str = "auto"
     mac_units: int = 128  # device=integer: digital MACs in parallel (hwcomponents-library AladdinIntMAC)
     vector_lanes: int = 16  # adders working in parallel on the residual adds and pooling
+    # each layer's array periphery (ADCs, DACs, shift-adds, their accumulators) switched off while other
+    # layers run: false (ISAAC's and NeuroSim V1.3's accounting: every unit leaks over the whole inference) |
+    # true: it leaks over its own layer's latency, and gated_leakage of its leakage power the rest of the time
+    power_gating: bool = False
+    gated_leakage: float = 0.0  # a gated unit's leakage, a fraction of its own (a sleep switch's: no figure)
 
     def __post_init__(self) -> None:
         low, high = TECH_NODES_NM
@@ -166,6 +171,10 @@ class ComponentsConfig:
             ),
             (self.mac_units >= 1, f"components.mac_units={self.mac_units}: expected >= 1 MAC"),
             (self.vector_lanes >= 1, f"components.vector_lanes={self.vector_lanes}: expected >= 1 lane"),
+            (
+                0 <= self.gated_leakage <= 1,
+                f"components.gated_leakage={self.gated_leakage}: expected a fraction of its leakage, 0..1",
+            ),
         ]
         failed = [message for ok, message in checks if not ok]
         if failed:

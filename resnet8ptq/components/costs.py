@@ -17,7 +17,9 @@ differential column pairs). Per component and its actions:
   adds (Aladdin's adder at ``device.accumulator_bits``); ``requantizer``: one 32 x 32-bit fixed-point
   multiply per output element (Aladdin's multiplier);
 * ``leakage``: the leakage power the models give (the ADCs', the adders' and multipliers') over the
-  inference's latency, for every unit on the chip.
+  inference's latency, for every unit on the chip; with ``components.power_gating``, a layer's array
+  periphery (its ADCs, DACs, shift-adds and their accumulators) leaks over its own layer's latency only, and
+  ``components.gated_leakage`` of its leakage power while the other layers run.
 
 **Latency**: the layers run one after another; in a conv/dense layer every array works in parallel, and each
 output position's input slices take one read pulse each, after which each ADC converts its column pairs in
@@ -101,9 +103,12 @@ def chip_cost(actions: list[LayerActions], device: DeviceConfig, components: Com
     pricing = _Pricing(device, components)
     layers = [pricing.layer(layer) for layer in actions]
     latency = sum(row["latency"] for row in layers)
-    energy = {name: sum(row[name] for row in layers) for name in COMPONENTS if name != "leakage"}
-    area, leak_power = pricing.area(actions)
-    energy["leakage"] = leak_power * latency
+    area, always_on, periphery = pricing.area(actions)
+    gated = components.gated_leakage if components.power_gating else 1.0
+    for row, leak_power in zip(layers, periphery, strict=True):
+        share = row["latency"] + gated * (latency - row["latency"])  # s it leaks of the inference's
+        row["leakage"] = leak_power * share + always_on * row["latency"]
+    energy = {name: sum(row[name] for row in layers) for name in COMPONENTS}
     parts = sorted(set(pricing.used), key=lambda p: (p.component, p.attributes))
     cim = device.kind == "cim"
     source = f"{versions(cim and components.adc_model == 'neurosim')}; {components.tech_node_nm:g} nm"
@@ -204,30 +209,35 @@ class _Pricing:
             capacitance_per_m=WIRE_CAPACITANCE, voltage=self.cell.read_voltage,
         )  # fmt: skip
 
-    def area(self, actions: list[LayerActions]) -> tuple[dict[str, float], float]:
-        """The chip's area by part (m²) and its units' leakage power (W)."""
+    def area(self, actions: list[LayerActions]) -> tuple[dict[str, float], float, list[float]]:
+        """The chip's area by part (m²), the leakage power (W) of its shared units (vector lanes,
+        requantizer, MACs), and of each layer's array periphery (ADCs, DACs, shift-adds, their accumulators;
+        0 for a layer without arrays)."""
         lanes = self.components.vector_lanes
-        units = [(self.adder, lanes), (self.requantizer, 1)]
+        shared = [(self.adder, lanes), (self.requantizer, 1)]
         area = dict.fromkeys(AREAS, 0.0)
         convs = [layer for layer in actions if layer.kind in ("conv", "dense")]
         if self.device.kind != "cim" or any(layer.mapping == "digital" for layer in convs):
-            units.append((self.mac, self.components.mac_units))
-        if self.device.kind != "cim":
-            area["digital"] = sum(p.area * n for p, n in units)
-            return area, sum(p.leak_power * n for p, n in units)
-        cell_area = self.cell.height * self.cell.width * self.node**2
-        adcs = dacs = 0
-        for layer in convs:
-            if layer.mapping == "crossbar":
-                geometry = _array(layer, self.device)
-                adcs += layer.arrays * geometry.adcs(self.components.columns_per_adc)
-                dacs += layer.terms * layer.groups * layer.column_groups  # every array's rows in use
-                area["cells"] += layer.cells * cell_area
-        units += [(self.adc, adcs), (self.dac, dacs), (self.shift_add, adcs), (self.adder, adcs)]
-        area["adc"] = adcs * self.adc.area
-        area["dac"] = dacs * self.dac.area
+            shared.append((self.mac, self.components.mac_units))
+        periphery = [0.0] * len(actions)
+        units = list(shared)
+        for index, layer in enumerate(actions):
+            if (
+                self.device.kind != "cim"
+                or layer.kind not in ("conv", "dense")
+                or layer.mapping != "crossbar"
+            ):
+                continue
+            adcs = layer.arrays * _array(layer, self.device).adcs(self.components.columns_per_adc)
+            dacs = layer.terms * layer.groups * layer.column_groups  # every array's rows in use
+            own = [(self.adc, adcs), (self.dac, dacs), (self.shift_add, adcs), (self.adder, adcs)]
+            periphery[index] = sum(p.leak_power * n for p, n in own)
+            units += own
+            area["cells"] += layer.cells * self.cell.height * self.cell.width * self.node**2
+        for component in ("adc", "dac"):
+            area[component] = sum(p.area * n for p, n in units if p.component == component)
         area["digital"] = sum(p.area * n for p, n in units if p.component not in ("adc", "dac"))
-        return area, sum(p.leak_power * n for p, n in units)
+        return area, sum(p.leak_power * n for p, n in shared), periphery
 
 
 class _Array(NamedTuple):

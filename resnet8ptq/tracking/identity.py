@@ -68,6 +68,9 @@ ADDED_DEFAULTS = {
         for item in fields(DeviceConfig)
         if f"device.{item.name}" not in NOT_RESULT
     },
+    # Costs before power gating was a setting (issue 75): every unit leaks over the whole inference.
+    "components.power_gating": "False",
+    "components.gated_leakage": "0.0",
     # The ADC's range rule before the calibrated rules came (issue 41): the largest sum, per layer, symmetric.
     "device.adc_range": "max",
     "device.adc_granularity": "layer",
