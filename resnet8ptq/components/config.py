@@ -10,6 +10,7 @@ import math
 import sys
 from dataclasses import dataclass
 
+from resnet8ptq.components.cells import cell_figures
 from resnet8ptq.device.config import DeviceConfig
 
 KINDS = ("hwcomponents", "none")
@@ -66,47 +67,6 @@ AREAS = ("cells", "adc", "dac", "digital")
 INSTALL = "pip install hwcomponents==1.0.114 hwcomponents-adc==1.0.21 hwcomponents-library==1.0.58"
 
 
-@dataclass(frozen=True)
-class Cell:
-    """A resistive memory cell's read: its conductance range, read voltage and pulse, and its footprint in
-    feature sizes F (the technology node)."""
-
-    on_resistance: float  # Ω at the top level
-    off_resistance: float  # Ω at level 0
-    read_voltage: float  # V on a driven row
-    read_pulse: float  # s of one read
-    height: float  # F
-    width: float  # F
-    source: str
-
-
-CELLS = {
-    "rram": Cell(
-        on_resistance=6e3,
-        off_resistance=6e3 * 150,
-        read_voltage=0.5,
-        read_pulse=10e-9,
-        height=4,
-        width=12,
-        source="NeuroSim V1.3 defaults (DNN_NeuroSim_V1.3 Inference_pytorch/NeuroSIM/Param.cpp: 1T1R RRAM, "
-        "resistanceOn 6 kΩ, resistanceOff 150 x 6 kΩ, readVoltage 0.5 V, readPulseWidth 10 ns, "
-        "4 F x 12 F); figures only, none of NeuroSim's code",
-    ),
-    "isaac": Cell(
-        on_resistance=1333.0,
-        off_resistance=20e3,
-        read_voltage=0.2,
-        read_pulse=1e-9,
-        height=4,
-        width=4,
-        source="CiMLoop's ISAAC cell (mit-emze/cimloop workspace/models/memory_cells/"
-        "rram_isaac_isca_2016.cell.yaml: RRAM, 1333 Ω on, 20 kΩ off, 0.2 V read (from PRIME), "
-        "1 ns read pulse, 16 F² square); figures only",
-    ),
-}
-"""The cells a chip's arrays can be made of (``components.cell``), each with its source."""
-
-
 @dataclass
 class ComponentsConfig:
     """How a device run's chip is costed. The defaults: a 22 nm chip of NeuroSim V1.3's default RRAM cells,
@@ -119,7 +79,8 @@ class ComponentsConfig:
     # work
     required: bool = False
     tech_node_nm: float = 22.0  # every component's technology node (hwcomponents scales 7..130 nm)
-    # the arrays' cells: CELLS (rram: NeuroSim V1.3's default 1T1R RRAM; isaac: CiMLoop's cell for ISAAC)
+    # the arrays' cells: CELLS (rram: NeuroSim V1.3's default 1T1R RRAM; isaac: CiMLoop's cell for ISAAC;
+    # pcm, sonos, eflash: the chip presets' own, device/chip=...) or a cell's YAML file
     cell: str = "rram"
     # the ADC's model: murmann (hwcomponents-adc, Murmann's ADC survey fit, >= 4 bits) | isaac
     # (hwcomponents-library IsaacADC: ISAAC's 8-bit 32 nm SAR ADC, scaled by 2^bits) | neurosim (an opt-in,
@@ -148,11 +109,6 @@ class ComponentsConfig:
                 "technology nodes hwcomponents' scaling tables hold",
             ),
             (
-                self.cell in CELLS,
-                f"components.cell={self.cell!r}: expected one of {', '.join(CELLS)} (a new cell: an entry "
-                "of CELLS in resnet8ptq/components/config.py, with its source)",
-            ),
-            (
                 self.adc_model in ADC_MODELS,
                 f"components.adc_model={self.adc_model!r}: expected one of {', '.join(ADC_MODELS)}",
             ),
@@ -177,6 +133,10 @@ class ComponentsConfig:
             ),
         ]
         failed = [message for ok, message in checks if not ok]
+        try:
+            cell_figures(self.cell)
+        except (ValueError, TypeError) as err:
+            failed.append(str(err).rstrip("."))
         if failed:
             raise ValueError("; ".join(failed) + ".")
 

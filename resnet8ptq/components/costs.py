@@ -45,7 +45,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
 from resnet8ptq.components import config
-from resnet8ptq.components.config import ADC_MODELS, AREAS, CELLS, COMPONENTS, DAC_MODELS, ComponentsConfig
+from resnet8ptq.components.cells import cell_figures
+from resnet8ptq.components.config import ADC_MODELS, AREAS, COMPONENTS, DAC_MODELS, ComponentsConfig
 from resnet8ptq.components.models import Part, part, versions
 from resnet8ptq.device.config import DeviceConfig
 
@@ -114,7 +115,8 @@ def chip_cost(actions: list[LayerActions], device: DeviceConfig, components: Com
     source = f"{versions(cim and components.adc_model == 'neurosim')}; {components.tech_node_nm:g} nm"
     if cim:
         source += (
-            f"; cell {components.cell}; ADC {components.adc_model}; DAC {components.dac(device.dac_bits)}"
+            f"; cell {components.cell} ({cell_figures(components.cell).described()}); "
+            f"ADC {components.adc_model}; DAC {components.dac(device.dac_bits)}"
         )
     macs = sum(layer.macs for layer in actions)
     return ChipCost(energy, layers, latency, area, macs, parts, source)
@@ -126,7 +128,7 @@ class _Pricing:
     def __init__(self, device: DeviceConfig, components: ComponentsConfig) -> None:
         self.device, self.components = device, components
         self.node = components.tech_node
-        self.cell = CELLS[components.cell]
+        self.cell = cell_figures(components.cell)
         self.used: list[Part] = []
         accumulator = device.accumulator_bits
         self.adder = self._part("accumulator", ADDER, "add", tech_node=self.node, width=accumulator)

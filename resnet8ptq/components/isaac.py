@@ -27,7 +27,8 @@ import argparse
 import importlib.util
 from dataclasses import dataclass
 
-from resnet8ptq.components.config import ADC_MODELS, CELLS, DAC_MODELS, NEUROSIM, adc_attributes
+from resnet8ptq.components.cells import CELLS
+from resnet8ptq.components.config import ADC_MODELS, DAC_MODELS, NEUROSIM, adc_attributes
 from resnet8ptq.components.costs import CELL, WIRE, WIRE_CAPACITANCE
 from resnet8ptq.components.models import part
 

@@ -7,7 +7,7 @@ for an action's :class:`~hwcomponents.ActionCost`, its area and its leakage powe
   Aladdin's adders, multipliers and integer MACs, a wire as a capacitor charged to its voltage);
 * :class:`ResistiveCell`, written here: no permissively licensed package models a memory cell's read
   (CiMLoop takes it from NeuroSim, CC BY-NC), so the cell is an ``hwcomponents`` model of its own, Ohm's
-  law over the read pulse with the cell's figures from :data:`~resnet8ptq.components.config.CELLS`.
+  law over the read pulse with the cell's figures from :func:`~resnet8ptq.components.cells.cell_figures`.
 
 hwcomponents-library 1.0.58's ``__init__`` imports five modules that import ``hwcomponents_neurosim``, which
 it does not declare; without NeuroSim installed the package does not import. Its permissive modules
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from functools import cache, lru_cache
 from typing import ClassVar
 
-from resnet8ptq.components.config import CELLS
+from resnet8ptq.components.cells import cell_figures
 
 LIBRARY_MODULES = ("aladdin", "brahms", "isaac", "misc")
 """The hwcomponents-library modules these costs use (none imports NeuroSim)."""
@@ -116,17 +116,17 @@ def resistive_cell_class() -> type:
     from hwcomponents import ActionCost, ComponentModel, action
 
     class ResistiveCell(ComponentModel):
-        """A resistive memory cell (``cell``: its figures in :data:`~resnet8ptq.components.config.CELLS`)
-        read with pulse-width inputs: a driven row holds ``read_voltage`` for
-        ``input_level`` of the read pulse, and the cell conducts ``1/off + cell_level (1/on - 1/off)``, so a
-        read takes V² G t_pulse input_level (the mean input and cell levels of a layer give its mean read).
-        Area: height x width feature sizes of the technology node."""
+        """A memory cell (``cell``: its figures from :func:`~resnet8ptq.components.cells.cell_figures`)
+        read with pulse-width inputs: a driven row holds ``read_voltage`` for ``input_level`` of the read
+        pulse, and the cell conducts ``1/off + cell_level (1/on - 1/off)``, so a read takes V² G t_pulse
+        input_level (the mean input and cell levels of a layer give its mean read). Area: height x width
+        feature sizes of the technology node."""
 
         component_name: ClassVar[list[str]] = ["memory_cell", "resistive_cell"]
         priority = 0.5
 
         def __init__(self, tech_node: float, cell: str) -> None:
-            figures = CELLS[cell]
+            figures = cell_figures(cell)
             self.on_conductance, self.off_conductance = 1 / figures.on_resistance, 1 / figures.off_resistance
             self.read_voltage, self.read_pulse = figures.read_voltage, figures.read_pulse
             super().__init__(area=figures.height * figures.width * tech_node**2, leak_power=0.0)

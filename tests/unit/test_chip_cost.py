@@ -14,6 +14,7 @@ pytest.importorskip("hwcomponents", reason="the component models need Python >= 
 
 import hwcomponents
 
+from resnet8ptq.components.cells import CELLS
 from resnet8ptq.components.config import COMPONENTS, ComponentsConfig, uncovered
 from resnet8ptq.components.costs import chip_cost, layer_table
 from resnet8ptq.components.models import _model_class
@@ -167,6 +168,46 @@ def test_power_gating_leaves_each_layers_periphery_leaking_over_its_own_layer_on
     assert always_on is not None and gated is not None
 
 
+@pytest.mark.parametrize("cell", ["pcm", "sonos", "eflash"])
+def test_each_presets_cell_is_its_own_kind_and_its_read_costs_by_its_figures(cell: str) -> None:
+    """A chip preset's cell (components/cells.py) prices the reads by its own figures (V² G t per read at
+    the layer's levels), not the RRAM cell's, and the cost names its technology and borrowed figures."""
+    (layer,) = actions(CHIP)
+    cost, rram = (
+        chip_cost([layer], CHIP, ComponentsConfig(cell=cell)),
+        chip_cost([layer], CHIP, ComponentsConfig()),
+    )
+    figures = CELLS[cell]
+    conductance = 1 / figures.off_resistance + layer.mean_cell * (
+        1 / figures.on_resistance - 1 / figures.off_resistance
+    )
+    read = figures.read_voltage**2 * conductance * figures.read_pulse * layer.mean_input
+    assert cost.energy["cells"] == pytest.approx(layer.cell_reads * read)
+    assert cost.energy["cells"] != pytest.approx(rram.energy["cells"])
+    assert cost.area["cells"] == pytest.approx(layer.cells * figures.height * figures.width * (22e-9) ** 2)
+    assert f"cell {cell} ({cell}; borrowed: " in cost.source and "cell rram (rram)" in rram.source
+    assert set(figures.borrowed) < {"on_resistance", "read_voltage", "read_pulse", "height", "width"}
+
+
+def test_a_users_cell_is_a_yaml_file_of_the_cells_fields_and_a_bad_one_is_refused_by_name(tmp_path) -> None:
+    figures = {
+        "technology": "feram", "on_resistance": 1e5, "off_resistance": 1e7, "read_voltage": 0.3,
+        "read_pulse": 5e-9, "height": 6, "width": 6, "source": "a paper",
+    }  # fmt: skip
+    path = tmp_path / "feram.yaml"
+    path.write_text("\n".join(f"{key}: {value}" for key, value in figures.items()))
+    (layer,) = actions(CHIP)
+    cost = chip_cost([layer], CHIP, ComponentsConfig(cell=str(path)))
+    assert f"cell {path} (feram)" in cost.source
+    assert cost.area["cells"] == pytest.approx(layer.cells * 36 * (22e-9) ** 2)
+    path.write_text("technology: feram\non_resistance: -1\ncolour: blue\n")
+    with pytest.raises(ValueError, match=r"missing: height, off_resistance, .*; unknown: colour"):
+        ComponentsConfig(cell=str(path))
+    path.write_text("\n".join(f"{key}: {value}" for key, value in (figures | {"read_pulse": 0}).items()))
+    with pytest.raises(ValueError, match=r"cell 'feram': read_pulse=0: expected a number > 0"):
+        ComponentsConfig(cell=str(path))
+
+
 def test_more_adc_bits_cost_more_and_a_wider_dac_changes_model() -> None:
     devices = {bits: DeviceConfig(kind="cim", rows=64, adc_bits=bits) for bits in (4, 6, 8)}
     costs = {bits: chip_cost(actions(device), device, ComponentsConfig()) for bits, device in devices.items()}
@@ -236,7 +277,8 @@ def test_a_depthwise_layer_is_costed_on_the_mapping_it_runs_on() -> None:
         ({"kind": "cacti"}, r"components='cacti': expected one of hwcomponents, none"),
         ({"tech_node_nm": 3}, r"components.tech_node_nm=3: expected 7..130 nm"),
         ({"tech_node_nm": math.nan}, r"components.tech_node_nm=nan"),
-        ({"cell": "eflash"}, r"components.cell='eflash': expected one of rram"),
+        ({"cell": "flash"}, r"components.cell='flash': expected one of rram, isaac, pcm, sonos, eflash"),
+        ({"cell": "missing.yaml"}, r"components.cell=missing.yaml: no such file"),
         ({"adc_model": "flash"}, r"components.adc_model='flash': expected one of murmann, isaac, neurosim"),
         ({"adc_rate": 0}, r"components.adc_rate=0: expected samples per second"),
         ({"adc_rate": 1e11}, r"components.adc_rate=1e\+11"),

@@ -69,6 +69,15 @@ def test_each_preset_cites_its_sources_and_says_what_it_leaves_out(chip: str) ->
     assert "Left out" in comments
 
 
+def test_each_preset_is_costed_with_its_own_cell_and_the_cell_stays_overridable() -> None:
+    cells = {chip: composed(f"device/chip={chip}").components.cell for chip in CHIPS}
+    assert cells == {"eflash": "eflash", "ideal": "rram", "pcm": "pcm", "sonos": "sonos"}
+    assert composed("device/chip=sonos", "components.cell=rram").components.cell == "rram"
+    pcm = composed("device/chip=pcm").components
+    assert (pcm.columns_per_adc, pcm.adc_rate) == (1, 1.3e7)  # HERMES: an ADC a column, 300 ps/LSB
+    assert composed("device/chip=pcm", "components=none").components.kind == "none"
+
+
 def test_a_run_records_the_preset_it_came_from() -> None:
     cfg = composed("device/chip=sonos")
     HydraConfig.instance().set_config(cfg)
