@@ -23,7 +23,8 @@ from resnet8ptq.algorithms import AlgoConfig
 from resnet8ptq.calibration import CalibConfig
 from resnet8ptq.components.config import ComponentsConfig, uncovered
 from resnet8ptq.data import CLASS_NAMES
-from resnet8ptq.device.config import DeviceConfig, check_learnable
+from resnet8ptq.device.config import DeviceConfig
+from resnet8ptq.device.coverage import check_learnable
 from resnet8ptq.dtype import DtypeConfig
 from resnet8ptq.errors import ConfigError
 from resnet8ptq.fetch import ASSETS_ENV
@@ -190,7 +191,7 @@ def check_components(components: ComponentsConfig, device: DeviceConfig) -> None
 
 def check_device_aware(algo: AlgoConfig, device: DeviceConfig, spec: QuantSpec) -> None:
     """Fail unless device-aware learning and the learned ADC range come together, on a crossbar the learning
-    can model (:func:`~resnet8ptq.device.config.check_learnable`), with symmetric weights (whose grid the
+    can model (:func:`~resnet8ptq.device.coverage.check_learnable`), with symmetric weights (whose grid the
     backends, computing it again from the learned weights, find exactly: the learned ADC steps find their
     layers by its integers)."""
     if device.range_rule == "learned" and not algo.device_aware:

@@ -33,7 +33,7 @@ name), never from the chips the device evaluation draws (``torch.Generator().man
 ``device.noise_seeds``). Calibrating the ADCs and passing a learned block's output on run the ideal chip.
 
 What the learning does not see: bit-serial inputs (``device.dac_bits`` < 8), weights sliced over several
-cells, a clipping DAC (``device.config.check_learnable`` refuses those layouts), and the effects of a read
+cells, a clipping DAC (``device.coverage.check_learnable`` refuses those layouts), and the effects of a read
 (read noise, IR drop) and of the ADCs (offset, gain, INL, noise), which are only evaluated.
 """
 

@@ -14,8 +14,9 @@ differential column pairs). Per component and its actions:
   ADC conversion);
 * ``dac``: every DAC conversion; ``adc``: every ADC conversion;
 * ``shift_add``: every shift-add (ISAAC's unit); ``accumulator``: the accumulator's, residual and pooling
-  adds (Aladdin's adder at ``device.accumulator_bits``); ``requantizer``: one 32 x 32-bit fixed-point
-  multiply per output element (Aladdin's multiplier);
+  adds (Aladdin's adder at ``device.accumulator_bits``); ``requantizer``: one ``accumulator_bits`` x
+  ``requantizer_bits`` fixed-point multiply per output element (Aladdin's multiplier; 32 x 32 by default, as
+  TFLite/gemmlowp);
 * ``leakage``: the leakage power the models give (the ADCs', the adders' and multipliers') over the
   inference's latency, for every unit on the chip; with ``components.power_gating``, a layer's array
   periphery (its ADCs, DACs, shift-adds and their accumulators) leaks over its own layer's latency only, and
@@ -55,8 +56,6 @@ if TYPE_CHECKING:  # resnet8ptq.device.actions imports torch; the costs need onl
 
 WIRE_CAPACITANCE = 2e-10
 """F per metre of a row's or a column's wire: hwcomponents-library ``Wire``'s default (0.2 fF/µm)."""
-REQUANTIZER_BITS = 32
-"""A requantization multiplies the accumulator by a 32-bit fixed-point multiplier (TFLite/gemmlowp)."""
 MULTIPLIER = "hwcomponents_library.library.aladdin.AladdinMultiplier"
 ADDER = "hwcomponents_library.library.aladdin.AladdinAdder"
 WIRE = "hwcomponents_library.library.misc.Wire"
@@ -133,8 +132,9 @@ class _Pricing:
         accumulator = device.accumulator_bits
         self.adder = self._part("accumulator", ADDER, "add", tech_node=self.node, width=accumulator)
         self.requantizer = self._part(
-            "requantizer", MULTIPLIER, "multiply", tech_node=self.node, width=REQUANTIZER_BITS
-        )
+            "requantizer", MULTIPLIER, "multiply",
+            tech_node=self.node, width_a=accumulator, width_b=device.requantizer_bits,
+        )  # fmt: skip
         if device.kind == "cim":
             bits = device.adc_bits
             self.adc = self._part(

@@ -24,6 +24,7 @@ NOISE_MODELS = ("constant", "proportional", "pcm", "pcm_signed", "sonos")  # eff
 ADC_ERRORS = ("adc_offset", "adc_gain", "adc_inl", "adc_noise")
 DEPTHWISE = ("crossbar", "digital")  # where a grouped (depthwise) convolution is computed (device/cim.py)
 DIGITAL_DEPTHWISE_LABEL = "dwdigital"  # the run name's part for depthwise=digital (DeviceConfig.label)
+DIGITAL_SETTINGS = ("requantizer_bits",)  # crossbar settings the integer device has too
 IR_DROP_G_RATIO = 1 / 0.35 / 5e-6  # aihwkit's default: 0.35 Ω of wire per cell, 5 µS a cell's top conductance
 
 
@@ -108,6 +109,9 @@ class Crossbar:
     adc_inl: float = 0.0
     adc_noise: float = field(default=0.0, metadata=DRAWN)
     accumulator_bits: int = 32  # the digital accumulator adding the tiles (saturating)
+    requantizer_bits: int = (
+        32  # the requantizer's fixed-point multiplier (TFLite/gemmlowp: 32; requantizer.py)
+    )
     # grouped (depthwise) convs: crossbar (each group's own rows and columns) | digital (integer MACs)
     depthwise: str = "crossbar"
 
@@ -158,7 +162,8 @@ class DeviceConfig(Crossbar):
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"device={self.kind!r}: expected one of {', '.join(KINDS)}.")
-        changed = [f.name for f in fields(self) if f.name not in ("kind", "batch_size") and _changed(self, f)]
+        free = ("kind", "batch_size") + DIGITAL_SETTINGS * (self.kind == "integer")
+        changed = [f.name for f in fields(self) if f.name not in free and _changed(self, f)]
         if self.kind != "cim" and changed:
             options = ", ".join(f"device.{name}={getattr(self, name)}" for name in changed)
             raise ValueError(
@@ -236,6 +241,10 @@ class DeviceConfig(Crossbar):
                 f"device.accumulator_bits={self.accumulator_bits}: expected 8..64 bits",
             ),
             (
+                8 <= self.requantizer_bits <= 32,
+                f"device.requantizer_bits={self.requantizer_bits}: expected 8..32 bits",
+            ),
+            (
                 self.depthwise in DEPTHWISE,
                 f"device.depthwise={self.depthwise!r}: expected one of {', '.join(DEPTHWISE)}",
             ),
@@ -277,8 +286,9 @@ class DeviceConfig(Crossbar):
     def label(self) -> str:
         """The device part of a run's name: ``int``, or ``cim`` with the settings that differ from ideal
         (``cim-r64-adc4``, ``cim-c2x4-n0.02``)."""
+        requantizer = [f"rq{self.requantizer_bits}"] if self.requantizer_bits != 32 else []
         if self.kind != "cim":
-            return "int"
+            return "-".join(["int", *requantizer])
         parts = ["cim"]
         parts += [f"r{self.rows}"] if self.rows is not None else []
         parts += [f"col{self.columns}"] if self.columns is not None else []
@@ -309,6 +319,7 @@ class DeviceConfig(Crossbar):
         short = {"adc_offset": "ofs", "adc_gain": "gain", "adc_inl": "inl", "adc_noise": "adcn"}
         parts += [f"{short[name]}{getattr(self, name):g}" for name in ADC_ERRORS if getattr(self, name)]
         parts += [f"acc{self.accumulator_bits}"] if self.accumulator_bits != 32 else []
+        parts += requantizer
         parts += [DIGITAL_DEPTHWISE_LABEL] if self.depthwise != CROSSBAR_DEFAULTS["depthwise"] else []
         parts += ["bc"] if self.bias_correction else []
         return "-".join(parts)
@@ -333,6 +344,8 @@ class DeviceConfig(Crossbar):
     def tags(self) -> dict[str, str]:
         """The run's ``device.*`` tags: the kind and, for a crossbar, every setting."""
         tags = {"device.kind": self.kind}
+        if self.kind == "integer":
+            tags |= {f"device.{name}": str(getattr(self, name)) for name in DIGITAL_SETTINGS}
         if self.kind == "cim":
             tags |= {
                 f"device.{f.name}": str(getattr(self, f.name)).lower()
@@ -427,24 +440,3 @@ def _drift_checks(device: DeviceConfig) -> list[tuple[bool, str]]:
             "nu's mean and spread are drift=constant's (pcm draws nu from each cell's level)",
         ),
     ]
-
-
-def check_learnable(crossbar: Crossbar) -> None:
-    """Fail unless device-aware learning (:mod:`resnet8ptq.algorithms._crossbar`) models ``crossbar``'s
-    partial sums: ADCs of a set width, whole inputs (``dac_bits`` 8, ``dac_range`` full), one cell per
-    weight."""
-    problems = []
-    if crossbar.adc_bits is None:
-        problems.append("device.adc_bits=null (an ideal ADC: no ADC step to learn)")
-    if crossbar.dac_bits < 8 or crossbar.dac_range != "full":
-        problems.append(
-            f"device.dac_bits={crossbar.dac_bits} device.dac_range={crossbar.dac_range} (bit-serial or "
-            "clipped inputs; the learning applies whole 8-bit inputs: dac_bits=8, dac_range=full)"
-        )
-    if crossbar.cells_per_weight != 1:
-        problems.append(
-            f"device.cells_per_weight={crossbar.cells_per_weight} (weights sliced over cells; the learning "
-            "holds a weight in one cell)"
-        )
-    if problems:
-        raise ValueError("algo.device_aware=true cannot learn against " + "; ".join(problems) + ".")

@@ -8,8 +8,12 @@ start from."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from resnet8ptq.errors import Unsupported
+
+if TYPE_CHECKING:
+    from resnet8ptq.device.config import Crossbar
 
 LAYERS = {"Conv", "Gemm", "Add", "AveragePool", "GlobalAveragePool", "MaxPool"}
 """The FP32 operators the integer device computes as layers (conv, dense, add, pools; a global average pool
@@ -89,3 +93,24 @@ def check_coverage(onnx_path: Path, kind: str, model: str) -> None:
             "after a layer; fold other arithmetic into the model's layers (e.g. a Rescaling into the data), "
             "or set device=none."
         )
+
+
+def check_learnable(crossbar: Crossbar) -> None:
+    """Fail unless device-aware learning (:mod:`resnet8ptq.algorithms._crossbar`) models ``crossbar``'s
+    partial sums: ADCs of a set width, whole inputs (``dac_bits`` 8, ``dac_range`` full), one cell per
+    weight."""
+    problems = []
+    if crossbar.adc_bits is None:
+        problems.append("device.adc_bits=null (an ideal ADC: no ADC step to learn)")
+    if crossbar.dac_bits < 8 or crossbar.dac_range != "full":
+        problems.append(
+            f"device.dac_bits={crossbar.dac_bits} device.dac_range={crossbar.dac_range} (bit-serial or "
+            "clipped inputs; the learning applies whole 8-bit inputs: dac_bits=8, dac_range=full)"
+        )
+    if crossbar.cells_per_weight != 1:
+        problems.append(
+            f"device.cells_per_weight={crossbar.cells_per_weight} (weights sliced over cells; the learning "
+            "holds a weight in one cell)"
+        )
+    if problems:
+        raise ValueError("algo.device_aware=true cannot learn against " + "; ".join(problems) + ".")

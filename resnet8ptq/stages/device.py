@@ -51,8 +51,9 @@ def on_device(
     if not device.enabled:
         return None
     from resnet8ptq.device.evaluate import evaluate_device  # torch: only for device runs
+    from resnet8ptq.device.requantizer import with_requantizer_bits
 
-    integer = backend.integer_model(model.path)
+    integer = with_requantizer_bits(backend.integer_model(model.path), device.requantizer_bits)
     result = evaluate_device(integer, device, inputs, model, adc_profiles, learned)
     log.info(
         "%s: %s on device %s %.4f (%d predictions differ from the reference)",
