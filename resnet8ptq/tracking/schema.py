@@ -159,7 +159,7 @@ TAGS = {
     "device.chip": "the chip preset the device's settings came from (device/chip=pcm: conf/device/chip/)",
     "device.cost_model": (
         "device runs: the component models (packages, versions), technology node and, on a crossbar, its "
-        "cell, ADC and DAC models"
+        "cell (its technology and any figure borrowed from another cell), ADC and DAC models"
     ),
     "device.cost_skipped": "device runs not costed: why no component model covers the design",
     "device.source": "the integer form's reader: tflite, onnx-qdq, torch-pt2e",
