@@ -95,9 +95,9 @@ def resolve(cfg: DictConfig, extra_tags: Mapping[str, str] | None, shared: Share
         **(device.tags() if device.enabled else {}),
         **chip_tag(),
     }
-    name = name_of_run(backend.NAME, spec, algo, device, cfg.model.name)
-    key = config_hash(without_device(params, learned_on(algo)), identity)
     components: ComponentsConfig = OmegaConf.to_object(cfg.components)  # validated by quant_spec
+    name = name_of_run(backend.NAME, spec, algo, device, cfg.model.name, components)
+    key = config_hash(without_device(params, learned_on(algo)), identity)
     return Plan(
         cfg,
         spec,
@@ -139,13 +139,19 @@ def chip_tag() -> dict[str, str]:
 
 
 def name_of_run(
-    backend: str, spec: QuantSpec, algo: AlgoConfig, device: DeviceConfig, model: str = "resnet8"
+    backend: str,
+    spec: QuantSpec,
+    algo: AlgoConfig,
+    device: DeviceConfig,
+    model: str = "resnet8",
+    components: ComponentsConfig | None = None,
 ) -> str:
     """A quantized run's name: the network unless ResNet8, backend, types, calibration, granularity, then what
     is not the default (the algorithms, ``-aware`` when they learned against the device, ``-noisy`` on noisy
     chips, raised or mixed layers, the device):
     ``onnx-int8-int8-minmax-pc-cle-cim-r128-adc4``,
-    ``onnx-int8-int8-minmax-pc-brecq-aware-cim-r128-adc4-learned``."""
+    ``onnx-int8-int8-minmax-pc-brecq-aware-cim-r128-adc4-learned``; a device run's costing settings away
+    from their defaults after it (``...-cim-r256-adc5-gated``)."""
     granularity = ("pc" if spec.per_channel else "pt") + ("-rr" if spec.reduce_range else "")
     weights = "-wmse" if spec.calib.weights == "mse" else ""
     name = f"{backend}-{spec.dtype.label}-{spec.calib.method}{weights}-{granularity}"
@@ -154,7 +160,12 @@ def name_of_run(
     name += "-noisy" if algo.device_noise else ""
     name += f"-raised{len(spec.raised_layers)}" if spec.raised_layers else ""
     name += f"-mix{len(spec.layer_bits)}" if spec.layer_bits else ""
-    return name + (f"-{device.label}" if device.enabled else "")
+    costed = components.label(device.kind) if components is not None and components.enabled else ""
+    return (
+        name
+        + (f"-{device.label}" if device.enabled else "")
+        + (f"-{costed}" if device.enabled and costed else "")
+    )
 
 
 def without_device(params: Mapping[str, object], keep: tuple[str, ...] = ()) -> dict[str, object]:

@@ -8,7 +8,9 @@ from __future__ import annotations
 import importlib.util
 import math
 import sys
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from pathlib import Path
 
 from resnet8ptq.components.cells import cell_figures
 from resnet8ptq.device.config import DeviceConfig
@@ -64,6 +66,14 @@ COMPONENTS = (
 """Where an inference's energy goes (``device_energy_uj_<component>``, resnet8ptq/tracking/schema.py)."""
 AREAS = ("cells", "adc", "dac", "digital")
 """Where the chip's area goes (``device_area_mm2_<part>``)."""
+LABELS = {
+    "tech_node_nm": "node", "cell": "cell-", "adc_model": "adc-", "adc_rate": "rate",
+    "columns_per_adc": "cpa", "dac_model": "dac-", "mac_units": "macs", "vector_lanes": "lanes",
+    "power_gating": "gated", "gated_leakage": "gl",
+}  # fmt: skip
+"""How a run's name shows each costing setting away from its default (not ``kind``, ``required``)."""
+DIGITAL_LABELS = ("tech_node_nm", "mac_units", "vector_lanes")
+"""The settings that cost the integer device (it has no cells, converters or arrays to gate)."""
 INSTALL = "pip install hwcomponents==1.0.114 hwcomponents-adc==1.0.21 hwcomponents-library==1.0.58"
 
 
@@ -144,6 +154,11 @@ class ComponentsConfig:
     def enabled(self) -> bool:
         return self.kind != "none"
 
+    def label(self, device: str = "cim") -> str:
+        """The settings that cost a ``device`` of that kind and differ from their defaults, as a run's name
+        shows them after its device's (``cell-sonos-gated``; empty at the defaults: names stay as before)."""
+        return costing_label({name: getattr(self, name) for name in LABELS}, device=device)
+
     def dac(self, dac_bits: int) -> str:
         """The DAC model for ``dac_bits`` per cycle (``auto``: the one measured nearest)."""
         if self.dac_model != "auto":
@@ -199,3 +214,25 @@ def _neurosim_uncovered(components: ComponentsConfig, adc_bits: int) -> str | No
     except Exception as err:  # NeuroSim's binary fails as an Exception naming its log
         return f"hwcomponents-neurosim does not answer ({str(err).splitlines()[0][:200]}); {NEUROSIM}"
     return None
+
+
+def costing_label(settings: Mapping[str, object], prefix: str = "", device: str = "cim") -> str:
+    """:meth:`ComponentsConfig.label` of ``settings`` (``prefix + name -> value``; strings, as a run's params
+    log them, read by each default's type; a missing one at its default) for a ``device`` of that kind."""
+    parts = []
+    defaults = {item.name: item.default for item in fields(ComponentsConfig)}
+    for name, short in LABELS.items():
+        if device != "cim" and name not in DIGITAL_LABELS:
+            continue
+        default, value = defaults[name], settings.get(prefix + name, defaults[name])
+        if isinstance(value, str) and not isinstance(default, str):
+            value = value.lower() == "true" if isinstance(default, bool) else type(default)(float(value))
+        if value == default:
+            continue
+        if isinstance(value, bool):
+            parts.append(short)
+        elif name == "cell":
+            parts.append(f"{short}{Path(str(value)).stem}")
+        else:
+            parts.append(f"{short}{value:g}" if isinstance(value, float) else f"{short}{value}")
+    return "-".join(parts)

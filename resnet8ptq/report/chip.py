@@ -27,7 +27,7 @@ def integer_accuracy(table: pd.DataFrame, model: str) -> tuple[float, str]:
     toolchain's reference pass: a few predictions differ, docs/device.md)."""
     runs = configured(table)
     models = without_device(runs["config"])
-    integer = runs[(models == model) & (runs["device"] == "int")]
+    integer = runs[(models == model) & (runs["device_config"] == "int")]
     if len(integer):
         return float(integer["accuracy_pct"].max()), "its run on the integer device"
     same = runs[models == model]

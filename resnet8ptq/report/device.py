@@ -128,7 +128,7 @@ def effect_charts(report: Report, runs: pd.DataFrame) -> list[str]:
     fp32 = report.table.loc[~report.table["quantized"], "accuracy"]
     lines = {"FP32": 100 * float(fp32.max())} if len(fp32) else {}
     lines["reference"] = 100 * float(crossbar["accuracy"].max())
-    integer = runs.loc[runs["device"] == "int", "accuracy_device"]
+    integer = runs.loc[runs["device_config"] == "int", "accuracy_device"]
     if len(integer):
         lines["integer device"] = 100 * float(integer.max())
     section: list[str] = []

@@ -10,7 +10,7 @@ import pandas as pd
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
-from resnet8ptq.components.config import COMPONENTS
+from resnet8ptq.components.config import COMPONENTS, costing_label
 from resnet8ptq.data import CLASS_NAMES
 from resnet8ptq.device.config import Crossbar, DeviceConfig
 from resnet8ptq.errors import ReportError
@@ -68,6 +68,7 @@ EMPTY_COLUMNS = [
     "layer_bits",
     "reference",
     "device",
+    "device_config",
     "mcu_fits",
     "cost_model",
     "metric",
@@ -198,7 +199,7 @@ def runs_frame(runs: Iterable[Run]) -> pd.DataFrame:
                 "layer_bits": tags.get("layer_bits", ""),
                 "mcu_fits": tags.get("mcu.fits", ""),
                 "cost_model": tags.get("device.cost_model", ""),
-                **device_columns(tags),
+                **device_columns(tags, params),
                 "metric": metric,
                 "quality_target": pd.to_numeric(params.get("model.quality_target"), errors="coerce"),
                 **as_accuracy(metrics, metric),
@@ -229,12 +230,12 @@ setting needs no edit here) and the device's own model change (``bias_correction
 DEVICE_DEFAULTS = {item.name: item.default for item in fields(DeviceConfig)}
 
 
-def device_columns(tags: dict[str, str]) -> dict[str, object]:
-    """A run's device: ``device`` (its run-name label, e.g. ``cim-r64-adc4``; empty without a device), the
-    quantization's hash without it (``quantization_hash``: device runs of one model share it) and every
-    crossbar setting (a number or a choice; NaN where ideal/unset)."""
+def device_columns(tags: dict[str, str], params: dict[str, str] | None = None) -> dict[str, object]:
+    """A run's device: ``device`` (its run-name label, ``cim-r64-adc4-gated``; empty without one), the label
+    of what it computes (``device_config``) and every crossbar setting (a number or a choice; NaN: unset)."""
     kind = tags.get("device.kind", "none")
-    columns: dict[str, object] = {"device": "", **{f"device_{name}": np.nan for name in DEVICE_SETTINGS}}
+    columns: dict[str, object] = {"device": "", "device_config": ""}
+    columns |= {f"device_{name}": np.nan for name in DEVICE_SETTINGS}
     columns["device_worst_layer"] = tags.get("device.worst_layer", "")
     if kind == "none":
         return columns
@@ -243,7 +244,9 @@ def device_columns(tags: dict[str, str]) -> dict[str, object]:
     if kind == "cim":  # a setting a run has no tag of came later: it ran at the earlier value (identity.py)
         earlier = {name: _setting(ADDED_DEFAULTS[f"device.{name}"], name) for name in DEVICE_SETTINGS}
         typed = earlier | typed
-    columns["device"] = DeviceConfig(kind=kind, **typed).label
+    label = costing_label(params or {}, "components.", kind) if "device.cost_model" in tags else ""
+    columns["device_config"] = DeviceConfig(kind=kind, **typed).label  # what it computes, not its cost
+    columns["device"] = "-".join(part for part in (columns["device_config"], label) if part)
     columns |= {f"device_{name}": typed[name] for name in typed}
     columns |= {name: np.nan for name, value in columns.items() if value is None}
     return columns

@@ -66,6 +66,47 @@ def test_a_bias_corrected_run_is_labelled_apart() -> None:
     assert corrected["device_bias_correction"] is True and plain["device_bias_correction"] is False
 
 
+def test_a_costed_runs_components_away_from_their_defaults_name_it_in_the_run_and_the_report() -> None:
+    """A sweep over `components.power_gating` (or a preset's cell) gives runs of one crossbar that cost
+    differently: the run name and the report's device label carry the settings away from their defaults, read
+    back from the params as MLflow logs them (strings); at the defaults both stay as before."""
+    from types import SimpleNamespace
+
+    from resnet8ptq.components.config import ComponentsConfig
+    from resnet8ptq.resolve import name_of_run
+
+    tags = device_tags(rows=256, adc_bits=5) | {"device.cost_model": "hwcomponents ..."}
+    params = {
+        "components.power_gating": "True",
+        "components.cell": "sonos",
+        "components.tech_node_nm": "22.0",
+    }
+    assert device_columns(tags, params)["device"] == "cim-r256-adc5-cell-sonos-gated"
+    assert device_columns(tags, {"components.power_gating": "False"})["device"] == "cim-r256-adc5"
+    assert device_columns(device_tags(rows=256, adc_bits=5), params)["device"] == "cim-r256-adc5"  # uncosted
+    components = ComponentsConfig(power_gating=True, cell="sonos")
+    assert components.label() == "cell-sonos-gated" and ComponentsConfig().label() == ""
+    assert (
+        ComponentsConfig(cell="pcm", columns_per_adc=1, adc_rate=1.3e7).label() == "cell-pcm-rate1.3e+07-cpa1"
+    )
+    assert components.label("integer") == "" and ComponentsConfig(mac_units=32).label("integer") == "macs32"
+    integer = DeviceConfig(kind="integer").tags() | {"device.cost_model": "hwcomponents ..."}
+    assert device_columns(integer, params)["device"] == "int"  # the integer device has nothing to gate
+    assert device_columns(integer, {"components.mac_units": "32"})["device_config"] == "int"
+    device = DeviceConfig(kind="cim", rows=256, adc_bits=5)
+    spec = SimpleNamespace(
+        dtype=SimpleNamespace(label="int8-int8"), calib=SimpleNamespace(method="minmax", weights="minmax"),
+        per_channel=True, reduce_range=False, raised_layers=(), layer_bits=(),
+    )  # fmt: skip
+    algo = SimpleNamespace(steps=[], device_aware=False, device_noise=False)
+    assert name_of_run("onnx", spec, algo, device, "resnet8", components).endswith(
+        "-cim-r256-adc5-cell-sonos-gated"
+    )
+    assert name_of_run("onnx", spec, algo, device, "resnet8", ComponentsConfig()).endswith("-cim-r256-adc5")
+    off = ComponentsConfig(kind="none", power_gating=True)
+    assert name_of_run("onnx", spec, algo, device, "resnet8", off).endswith("-cim-r256-adc5")
+
+
 @pytest.fixture(scope="module")
 def markdown(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
     root = tmp_path_factory.mktemp("device-report")
