@@ -114,7 +114,7 @@ def chip_cost(actions: list[LayerActions], device: DeviceConfig, components: Com
     source = f"{versions(cim and components.adc_model == 'neurosim')}; {components.tech_node_nm:g} nm"
     if cim:
         source += (
-            f"; cell {components.cell} ({cell_figures(components.cell).described()}); "
+            f"; cell {components.cell} ({pricing.cell.described()}); "
             f"ADC {components.adc_model}; DAC {components.dac(device.dac_bits)}"
         )
     macs = sum(layer.macs for layer in actions)
@@ -179,7 +179,7 @@ class _Pricing:
         row["latency"] = math.ceil((layer.residual_adds + layer.pooling_adds) / lanes) * self.adder.latency
         if layer.kind not in ("conv", "dense"):
             return row
-        if self.device.kind != "cim" or layer.mapping == "digital":
+        if not self._on_arrays(layer):
             row["mac"] = layer.macs * self.mac.energy
             row["latency"] = math.ceil(layer.macs / self.components.mac_units) * self.mac.latency
             return row
@@ -211,6 +211,11 @@ class _Pricing:
             capacitance_per_m=WIRE_CAPACITANCE, voltage=self.cell.read_voltage,
         )  # fmt: skip
 
+    def _on_arrays(self, layer: LayerActions) -> bool:
+        """A conv/dense layer computed on the crossbar's arrays (not on the integer device or, mapped
+        ``digital``, on the digital unit's MACs)."""
+        return self.device.kind == "cim" and layer.kind in ("conv", "dense") and layer.mapping == "crossbar"
+
     def area(self, actions: list[LayerActions]) -> tuple[dict[str, float], float, list[float]]:
         """The chip's area by part (m²), the leakage power (W) of its shared units (vector lanes,
         requantizer, MACs), and of each layer's array periphery (ADCs, DACs, shift-adds, their accumulators;
@@ -224,11 +229,7 @@ class _Pricing:
         periphery = [0.0] * len(actions)
         units = list(shared)
         for index, layer in enumerate(actions):
-            if (
-                self.device.kind != "cim"
-                or layer.kind not in ("conv", "dense")
-                or layer.mapping != "crossbar"
-            ):
+            if not self._on_arrays(layer):
                 continue
             adcs = layer.arrays * _array(layer, self.device).adcs(self.components.columns_per_adc)
             dacs = layer.terms * layer.groups * layer.column_groups  # every array's rows in use
