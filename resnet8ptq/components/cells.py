@@ -77,6 +77,19 @@ CELLS = {
         "rram_isaac_isca_2016.cell.yaml: RRAM, 1333 Ω on, 20 kΩ off, 0.2 V read (from PRIME), "
         "1 ns read pulse, 16 F² square); figures only",
     ),
+    "neurram": Cell(
+        technology="rram",
+        on_resistance=250e3,
+        off_resistance=1e6,
+        read_voltage=0.5,
+        read_pulse=10e-9,
+        height=math.sqrt(125.73964497),
+        width=math.sqrt(125.73964497),
+        source="CiMLoop's NeuRRAM cell (mit-emze/cimloop workspace/models/memory_cells/"
+        "rram_wan_nature_2022.cell.yaml: RRAM, 250 kΩ on, 1 MΩ off, 0.5 V read, 125.7 F² square; the read "
+        "pulse, 10 ns, its wan_nature_2022 macro's READ_PULSE_WIDTH), of Wan et al., Nature 608, 504 (2022); "
+        "figures only",
+    ),
     "pcm": Cell(
         technology="pcm",
         on_resistance=1 / 25e-6,

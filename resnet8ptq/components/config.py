@@ -89,8 +89,8 @@ class ComponentsConfig:
     # work
     required: bool = False
     tech_node_nm: float = 22.0  # every component's technology node (hwcomponents scales 7..130 nm)
-    # the arrays' cells: CELLS (rram: NeuroSim V1.3's default 1T1R RRAM; isaac: CiMLoop's cell for ISAAC;
-    # pcm, sonos, eflash: the chip presets' own, device/chip=...) or a cell's YAML file
+    # the arrays' cells: CELLS (rram: NeuroSim V1.3's default 1T1R RRAM; isaac, neurram: CiMLoop's cells for
+    # ISAAC and NeuRRAM; pcm, sonos, eflash: the chip presets' own, device/chip=...) or a cell's YAML file
     cell: str = "rram"
     # the ADC's model: murmann (hwcomponents-adc, Murmann's ADC survey fit, >= 4 bits) | isaac
     # (hwcomponents-library IsaacADC: ISAAC's 8-bit 32 nm SAR ADC, scaled by 2^bits) | neurosim (an opt-in,

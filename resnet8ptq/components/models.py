@@ -4,7 +4,8 @@ for an action's :class:`~hwcomponents.ActionCost`, its area and its leakage powe
 
 * ``hwcomponents_adc.ADC``: ADCs fitted to Murmann's ADC survey (Andrulis et al., arXiv 2404.06553);
 * ``hwcomponents_library``: components of published chips (ISAAC's ADC, DAC and shift-add, Brahms' DAC,
-  Aladdin's adders, multipliers and integer MACs, a wire as a capacitor charged to its voltage);
+  NeuRRAM's neuron, Aladdin's adders, multipliers and integer MACs, a wire as a capacitor charged to its
+  voltage);
 * :class:`ResistiveCell`, written here: no permissively licensed package models a memory cell's read
   (CiMLoop takes it from NeuroSim, CC BY-NC), so the cell is an ``hwcomponents`` model of its own, Ohm's
   law over the read pulse with the cell's figures from :func:`~resnet8ptq.components.cells.cell_figures`.
@@ -26,7 +27,7 @@ from typing import ClassVar
 
 from resnet8ptq.components.cells import cell_figures
 
-LIBRARY_MODULES = ("aladdin", "brahms", "isaac", "misc")
+LIBRARY_MODULES = ("aladdin", "brahms", "isaac", "misc", "neurram")
 """The hwcomponents-library modules these costs use (none imports NeuroSim)."""
 
 

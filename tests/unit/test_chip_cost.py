@@ -277,7 +277,7 @@ def test_a_depthwise_layer_is_costed_on_the_mapping_it_runs_on() -> None:
         ({"kind": "cacti"}, r"components='cacti': expected one of hwcomponents, none"),
         ({"tech_node_nm": 3}, r"components.tech_node_nm=3: expected 7..130 nm"),
         ({"tech_node_nm": math.nan}, r"components.tech_node_nm=nan"),
-        ({"cell": "flash"}, r"components.cell='flash': expected one of rram, isaac, pcm, sonos, eflash"),
+        ({"cell": "flash"}, r"components.cell='flash': expected one of rram, isaac, neurram, pcm, sonos"),
         ({"cell": "missing.yaml"}, r"components.cell=missing.yaml: no such file"),
         ({"adc_model": "flash"}, r"components.adc_model='flash': expected one of murmann, isaac, neurosim"),
         ({"adc_rate": 0}, r"components.adc_rate=0: expected samples per second"),
@@ -464,3 +464,38 @@ def test_isaacs_ima_rebuilt_on_its_own_settings() -> None:
     assert total["published_pj_per_mac"] == pytest.approx(289 / 12 * 1e-3 * 1.6e-6 / 16384 * 1e12, rel=1e-3)
     murmann = {row.component: row for row in isaac.isaac_ima("murmann")}
     assert murmann["adc"].model == "ADC" and murmann["adc"].power_mw != pytest.approx(rows["adc"].power_mw)
+
+
+def test_neurram_core_rebuilt_across_its_reference_points() -> None:
+    """NeuRRAM's core (resnet8ptq/components/neurram.py), CiMLoop's validated Macro C: its latency and
+    word-line and cell energies follow CiMLoop's description by hand; the errors against the paper's 14
+    Fig. 12 settings, 8 breakdowns and area parts are pinned (model arithmetic, the same on every CPU), with
+    ISAAC's DAC driving the rows, as a chip here is priced, and without it."""
+    from resnet8ptq.components import neurram
+    from resnet8ptq.components.neurram import Setting
+
+    assert Setting(3, 1, True).latency == pytest.approx(0.27e-6 + 3 * 0.3e-6 + 0.3e-6)
+    two_phase = Setting(10, 8, False)  # 7 magnitude bits: slices of 4 and 3, 15 + 7 pulses, 10 + 6 ADC steps
+    assert (two_phase.phases, two_phase.integration_steps, two_phase.adc_steps) == ((4, 3), 22, 16)
+    assert Setting(10, 8, True).phases == (7,) and Setting(4, 2, False).phases == (1,)
+    energy = neurram.core_energy(Setting(8, 6, False), "none")
+    word_line = ((1.5 + 0.6) * 256 + 48) * 1e-15 * 1.8**2
+    assert energy["word_lines"] == pytest.approx(256 * 5 * word_line)
+    cells = 256 * 256 * 0.5**2 * (1 / 1e6 + 0.5 * (1 / 250e3 - 1 / 1e6)) * 10e-9 * 0.5
+    assert energy["input_pulses"] == pytest.approx(5 * cells, rel=0.05)  # + the rows' wires
+    assert energy["input_pulses"] > 5 * cells
+    with_dac = neurram.core_energy(Setting(8, 6, False))
+    assert with_dac["input_pulses"] > 3 * energy["input_pulses"]  # ISAAC's DAC at 130 nm: 1.9 pJ a row
+    assert with_dac["word_lines"] == energy["word_lines"] and with_dac["neurons"] == energy["neurons"]
+
+    pinned = {
+        "isaac": {"tops": (0.039, 0.090), "tops_per_w": (0.204, 0.296), "energy_breakdown": (0.661, 2.126)},
+        "none": {"tops": (0.039, 0.090), "tops_per_w": (0.097, 0.175), "energy_breakdown": (0.091, 0.192)},
+    }
+    for row_driver, figures in pinned.items():
+        summary = neurram.summary(row_driver)
+        assert len(neurram.errors(row_driver)["tops_per_w"]) == 14
+        assert len(neurram.errors(row_driver)["energy_breakdown"]) == 8 * 3
+        for figure, (mean, worst) in figures.items():
+            assert summary[figure] == pytest.approx((mean, worst), abs=1e-3), (row_driver, figure)
+        assert summary["area"][1] < 0.01  # neurons and cells; the drivers' area is not rebuilt
