@@ -499,3 +499,32 @@ def test_neurram_core_rebuilt_across_its_reference_points() -> None:
         for figure, (mean, worst) in figures.items():
             assert summary[figure] == pytest.approx((mean, worst), abs=1e-3), (row_driver, figure)
         assert summary["area"][1] < 0.01  # neurons and cells; the drivers' area is not rebuilt
+
+
+def test_each_presets_cited_chip_is_costed_at_its_operating_point() -> None:
+    """resnet8ptq/components/cited.py: each chip preset set to its cited chip's operating point prices one
+    MVM of the chip's array as a run prices a dense layer (its action counts by hand); the rebuilt figures
+    beside the published ones are pinned (model arithmetic, the same on every CPU)."""
+    from resnet8ptq.components import cited
+
+    assert set(cited.CITED) == {"pcm", "sonos", "eflash"}  # every preset but ideal cites a chip
+    hermes = cited.CITED["pcm"]
+    device, components = cited.preset_config(hermes.preset, hermes.overrides)
+    assert (device.rows, device.dac_bits, components.cell, components.columns_per_adc) == (256, 8, "pcm", 1)
+    assert components.tech_node_nm == 14
+    (mvm,) = cited.one_mvm(device, hermes.rows, hermes.outputs, hermes.input_bits)
+    assert mvm.macs == 256 * 256 and mvm.input_slices == 1 and mvm.weight_slices == 1
+    assert mvm.cell_reads == 256 * 2 * 256 and mvm.adc_conversions == 256 and mvm.dac_conversions == 256
+    cost = cited.rebuilt(hermes)
+    assert cost.latency == pytest.approx(250e-9 + 1 / 1.3e7)  # the read pulse, then one conversion
+    figures = cited.compared(hermes)
+    macro = cost.total_energy - cost.energy["accumulator"] - cost.energy["requantizer"]
+    assert figures["tops_per_w"][0] == pytest.approx(2 * 256 * 256 / macro / 1e12)
+    pinned = {"pcm": (29.6, 1.58, 327), "sonos": (121, 5.16, 90), "eflash": (43.6, 6.08, 90)}
+    for preset, (tops_per_w, tops_per_mm2, latency_ns) in pinned.items():
+        figures = cited.compared(cited.CITED[preset])
+        rebuilt = (figures["tops_per_w"][0], figures["tops_per_mm2"][0], figures["latency_ns"][0])
+        assert rebuilt == pytest.approx((tops_per_w, tops_per_mm2, latency_ns), rel=5e-3), preset
+        assert figures["tops_per_w"][1] == cited.CITED[preset].tops_per_w
+    (four_bit,) = cited.one_mvm(device, 4, 2, input_bits=4)
+    assert four_bit.input_slices == 1 and four_bit.macs == 8
