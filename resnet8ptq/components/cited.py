@@ -17,12 +17,16 @@ import dataclasses
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from resnet8ptq.components.config import ComponentsConfig
 from resnet8ptq.components.costs import ChipCost, chip_cost
 from resnet8ptq.device.config import DeviceConfig
+
+if TYPE_CHECKING:  # resnet8ptq.device.actions imports torch: imported where an MVM is counted
+    from resnet8ptq.device.actions import LayerActions
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 INPUT_LEVEL = 0.5
@@ -109,7 +113,7 @@ def preset_config(preset: str, overrides: tuple[str, ...] = ()) -> tuple[DeviceC
     return OmegaConf.to_object(cfg.device), OmegaConf.to_object(cfg.components)
 
 
-def one_mvm(device: DeviceConfig, rows: int, outputs: int, input_bits: int = 8) -> list:
+def one_mvm(device: DeviceConfig, rows: int, outputs: int, input_bits: int = 8) -> list[LayerActions]:
     """The actions of one MVM of ``rows`` unsigned ``input_bits``-bit inputs by ``outputs`` weights each,
     on ``device``'s crossbar, counted as a run counts a dense layer's, at :data:`INPUT_LEVEL` and
     :data:`CELL_LEVEL`."""
