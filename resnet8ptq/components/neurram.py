@@ -37,6 +37,9 @@ import argparse
 import math
 import statistics
 from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
 
 from resnet8ptq.components.cells import CELLS
 from resnet8ptq.components.config import DAC_MODELS
@@ -250,13 +253,58 @@ def _tables(row_driver: str) -> str:
     return "\n".join(lines)
 
 
+def plot(path: Path) -> Path:
+    """The rebuilt core beside the paper: TOPS/W at Fig. 12's 14 settings (with and without the rows' DAC),
+    and the energy per op by part at Fig. 12b's 8 (without it), as a PNG at ``path``."""
+    from resnet8ptq.plots import pyplot
+
+    plt = pyplot()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.8))
+    settings = list(PUBLISHED_EFFICIENCY)
+    x = np.arange(len(settings))
+    left.plot(x, [PUBLISHED_EFFICIENCY[s][1] for s in settings], "ko", label="paper (Fig. 12d)")
+    for row_driver, marker in (("isaac", "rx"), ("none", "b+")):
+        shown = [efficiency(s, row_driver)[1] for s in settings]
+        left.plot(x, shown, marker, markersize=9, label=f"rebuilt, row driver: {row_driver}")
+    left.set_xticks(x, [f"{s.output_bits}/{s.input_bits}{'' if s.one_phase else '*'}" for s in settings])
+    left.set(yscale="log", ylabel="TOPS/W", xlabel="output/input bits (* two-phase)", title="Efficiency")
+    left.legend(fontsize=8)
+    breakdown = list(PUBLISHED_BREAKDOWN)
+    x = np.arange(len(breakdown))
+    for offset, label in ((-0.2, "paper"), (0.2, "rebuilt")):
+        bottom = np.zeros(len(breakdown))
+        for index, category in enumerate(CATEGORIES):
+            if label == "paper":
+                values = np.array([PUBLISHED_BREAKDOWN[s][index] for s in breakdown])
+            else:
+                values = np.array(
+                    [core_energy(s, "none")[category] / OPS_PER_VECTOR * 1e15 for s in breakdown]
+                )
+            hatch = "" if label == "paper" else "//"
+            right.bar(x + offset, values, 0.38, bottom=bottom, color=f"C{index}", hatch=hatch,
+                      label=f"{category} ({label})")  # fmt: skip
+            bottom += values
+    right.set_xticks(x, [f"{s.output_bits}/{s.input_bits}" for s in breakdown])
+    right.set(ylabel="fJ per op", xlabel="output/input bits (two-phase)", title="Energy by part (Fig. 12b)")
+    right.legend(fontsize=7, ncol=2)
+    fig.suptitle("NeuRRAM's core rebuilt from this tool's parts beside the paper (Wan et al., Nature 2022)")
+    fig.subplots_adjust(left=0.06, right=0.99, bottom=0.12, top=0.86, wspace=0.2)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="NeuRRAM's core rebuilt from this tool's component models.")
     parser.add_argument(
         "--row-driver", choices=[*DAC_MODELS, "none"], default="isaac",
         help="the rows' 1-bit DAC, as a chip here is priced (none: the row's wire only)",
     )  # fmt: skip
-    print(_tables(parser.parse_args().row_driver))
+    parser.add_argument("--plot", type=Path, metavar="PNG", help="also draw the comparison to this file")
+    arguments = parser.parse_args()
+    print(_tables(arguments.row_driver))
+    if arguments.plot:
+        print(f"\nwrote {plot(arguments.plot)}")
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ no model covers refused by name before any work (or skipped with why)."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -466,7 +467,7 @@ def test_isaacs_ima_rebuilt_on_its_own_settings() -> None:
     assert murmann["adc"].model == "ADC" and murmann["adc"].power_mw != pytest.approx(rows["adc"].power_mw)
 
 
-def test_neurram_core_rebuilt_across_its_reference_points() -> None:
+def test_neurram_core_rebuilt_across_its_reference_points(tmp_path: Path) -> None:
     """NeuRRAM's core (resnet8ptq/components/neurram.py), CiMLoop's validated Macro C: its latency and
     word-line and cell energies follow CiMLoop's description by hand; the errors against the paper's 14
     Fig. 12 settings, 8 breakdowns and area parts are pinned (model arithmetic, the same on every CPU), with
@@ -499,6 +500,8 @@ def test_neurram_core_rebuilt_across_its_reference_points() -> None:
         for figure, (mean, worst) in figures.items():
             assert summary[figure] == pytest.approx((mean, worst), abs=1e-3), (row_driver, figure)
         assert summary["area"][1] < 0.01  # neurons and cells; the drivers' area is not rebuilt
+    drawn = neurram.plot(tmp_path / "neurram.png")
+    assert drawn.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_each_presets_cited_chip_is_costed_at_its_operating_point() -> None:
