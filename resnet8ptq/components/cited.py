@@ -146,10 +146,10 @@ DIGITAL = ("accumulator", "requantizer")
 """The digital side of an MVM: what a macro's published TOPS/W leaves out (``CitedChip.digital``)."""
 
 
-def compared(chip: CitedChip) -> dict[str, tuple[float, float | None]]:
-    """The rebuilt figure beside the published one (None: not published): TOPS/W within the paper's
-    boundary, TOPS/mm² and one MVM's latency in ns."""
-    cost = rebuilt(chip)
+def compared(chip: CitedChip, cost: ChipCost | None = None) -> dict[str, tuple[float, float | None]]:
+    """The rebuilt figure (from ``cost``, else :func:`rebuilt`) beside the published one (None: not
+    published): TOPS/W within the paper's boundary, TOPS/mm² and one MVM's latency in ns."""
+    cost = cost or rebuilt(chip)
     ops = 2 * cost.macs
     energy = cost.total_energy - (0 if chip.digital else sum(cost.energy[name] for name in DIGITAL))
     return {
@@ -164,7 +164,7 @@ def _table(chip: CitedChip) -> str:
     boundary = "the whole MVM" if chip.digital else "without " + " and ".join(DIGITAL)
     lines = [f"**{chip.name}** (`device/chip={chip.preset} {' '.join(chip.overrides)}`): {chip.source}.", ""]
     lines += ["| figure | rebuilt | published | error |", "| --- | ---: | ---: | ---: |"]
-    for name, (value, published) in compared(chip).items():
+    for name, (value, published) in compared(chip, cost).items():
         error = "-" if published is None else f"{value / published - 1:+.0%}"
         shown = "-" if published is None else f"{published:g}"
         label = f"{name} ({boundary})" if name == "tops_per_w" else name

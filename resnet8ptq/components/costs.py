@@ -62,6 +62,15 @@ WIRE = "hwcomponents_library.library.misc.Wire"
 CELL = "resnet8ptq.components.models.ResistiveCell"
 
 
+def wire(component: str, length: float, tech_node: float, voltage: float) -> Part:
+    """A row's or column's wire of ``length`` m, charged to ``voltage`` at every read (``WIRE``)."""
+    attributes = (
+        ("length", length), ("tech_node", tech_node),
+        ("capacitance_per_m", WIRE_CAPACITANCE), ("voltage", voltage),
+    )  # fmt: skip
+    return part(component, WIRE, "read", attributes)
+
+
 @dataclass
 class ChipCost:
     """One inference's energy by component and by layer, its latency, the chip's area by part, and the
@@ -206,10 +215,9 @@ class _Pricing:
         return row
 
     def _wire(self, component: str, length: float) -> Part:
-        return self._part(
-            component, WIRE, "read", length=length, tech_node=self.node,
-            capacitance_per_m=WIRE_CAPACITANCE, voltage=self.cell.read_voltage,
-        )  # fmt: skip
+        priced = wire(component, length, self.node, self.cell.read_voltage)
+        self.used.append(priced)
+        return priced
 
     def _on_arrays(self, layer: LayerActions) -> bool:
         """A conv/dense layer computed on the crossbar's arrays (not on the integer device or, mapped

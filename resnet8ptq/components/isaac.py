@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from resnet8ptq.components.cells import CELLS
 from resnet8ptq.components.config import ADC_MODELS, DAC_MODELS, NEUROSIM, adc_attributes
-from resnet8ptq.components.costs import CELL, WIRE, WIRE_CAPACITANCE
+from resnet8ptq.components.costs import CELL, wire
 from resnet8ptq.components.models import part
 
 TECH_NODE = 32e-9
@@ -72,9 +72,8 @@ def isaac_ima(adc_model: str = "isaac") -> list[Compared]:
     dac = part("dac", DAC_MODELS["isaac"], "convert", (("tech_node", node), ("resolution", 1), ("rows", 1)))
     levels = (("input_level", INPUT_LEVEL), ("cell_level", CELL_LEVEL))
     cells = part("cells", CELL, "read", (("tech_node", node), ("cell", "isaac")), levels)
-    wire = {"tech_node": node, "capacitance_per_m": WIRE_CAPACITANCE, "voltage": cell.read_voltage}
-    word_line = part("word_lines", WIRE, "read", (("length", COLUMNS * cell.width * node), *wire.items()))
-    bit_line = part("bit_lines", WIRE, "read", (("length", ROWS * cell.height * node), *wire.items()))
+    word_line = wire("word_lines", COLUMNS * cell.width * node, node, cell.read_voltage)
+    bit_line = wire("bit_lines", ROWS * cell.height * node, node, cell.read_voltage)
     shift_add = part(
         "shift_add", "hwcomponents_library.library.isaac.IsaacShiftAdd", "shift_add",
         (("tech_node", node), ("width", 16)),

@@ -43,8 +43,8 @@ import numpy as np
 
 from resnet8ptq.components.cells import CELLS
 from resnet8ptq.components.config import DAC_MODELS
-from resnet8ptq.components.costs import CELL, WIRE, WIRE_CAPACITANCE
-from resnet8ptq.components.models import part
+from resnet8ptq.components.costs import CELL, wire
+from resnet8ptq.components.models import Part, part
 
 TECH_NODE, VOLTAGE = 130e-9, 1.8
 ROWS = COLUMNS = NEURONS = 256
@@ -128,7 +128,7 @@ PUBLISHED_AREA = {"neurons": 0.28 * CORE_AREA, "drivers": 0.21 * CORE_AREA, "cel
 AREA_SETTING = Setting(8, 8, False)  # CiMLoop's variables_iso.yaml: 8-bit inputs and outputs
 
 
-def _neuron_parts(output_bits: int) -> dict[str, object]:
+def _neuron_parts(output_bits: int) -> dict[str, Part]:
     node = (("tech_node", TECH_NODE), ("voltage", VOLTAGE))
     return {
         "adc": part("adc", LIBRARY + "NeurramVariablePrecisionADC", "convert", node),
@@ -143,12 +143,11 @@ def _neuron_parts(output_bits: int) -> dict[str, object]:
 def _row_drive(row_driver: str) -> float:
     """Joules to drive one row for one read pulse: ``row_driver``'s 1-bit conversion (a ``DAC_MODELS`` name,
     or ``none``) and the row's wire across the array charged to the read voltage."""
-    cell, node = CELLS["neurram"], (("tech_node", TECH_NODE),)
-    length = COLUMNS * cell.width * TECH_NODE
-    wire = (("length", length), ("capacitance_per_m", WIRE_CAPACITANCE), ("voltage", cell.read_voltage))
-    energy = part("word_lines", WIRE, "read", (*node, *wire)).energy
+    cell = CELLS["neurram"]
+    energy = wire("word_lines", COLUMNS * cell.width * TECH_NODE, TECH_NODE, cell.read_voltage).energy
     if row_driver != "none":
-        energy += part("dac", DAC_MODELS[row_driver], "convert", (*node, ("resolution", 1))).energy
+        resolution = (("tech_node", TECH_NODE), ("resolution", 1))
+        energy += part("dac", DAC_MODELS[row_driver], "convert", resolution).energy
     return energy
 
 
