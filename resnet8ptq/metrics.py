@@ -12,6 +12,7 @@ the reference. Its value is a fraction in [0, 1], higher is better, logged under
 
 from __future__ import annotations
 
+import copy
 from abc import ABC, abstractmethod
 from typing import ClassVar
 
@@ -33,6 +34,14 @@ class Metric(ABC):
     @abstractmethod
     def per_sample(self, outputs: np.ndarray, inputs: np.ndarray) -> np.ndarray:
         """(N,) one value per sample from the model's ``outputs`` on ``inputs``."""
+
+    def first(self, count: int) -> Metric:
+        """This metric over the first ``count`` test inputs only (their ``groups`` cut there)."""
+        if self.groups is None:
+            return self
+        cut = copy.copy(self)
+        cut.groups = self.groups[:count]
+        return cut
 
     def samples(self, per_sample: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The scored samples' values and labels (each test input is one, unless the metric pools them)."""

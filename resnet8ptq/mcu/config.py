@@ -32,15 +32,23 @@ class McuConfig:
     code, the application, stack and I/O buffers), stated, not measured. ``npu``: the Arm Ethos-U
     configuration Vela compiles each int8 model for, for its estimate (null: no estimate); Vela's default
     system configuration sets the clock and memories (for the U55: ``Ethos_U55_High_End_Embedded``, 500 MHz,
-    weights in off-chip flash)."""
+    weights in off-chip flash). ``images``: TFLM runs the first N test images (null: every one). TFLM is
+    the slowest part of a TFLite run (MLPerf's int8 ResNet8: 17 ms an image on one core of an AMD EPYC Zen
+    3, 2.5x LiteRT's reference kernels and 16x its optimised ones: bench/mcu.py); its accuracy, its agreement
+    with the reference kernels and the report are then over those N, named so."""
 
     enabled: bool = True
     boards: dict[str, Board] = field(default_factory=dict)  # the boards checked: the mcu/boards group
     runtime_ram_kib: float = 16.0  # RAM allowed beyond the arena (runtime, stack, I/O): stated, not measured
     runtime_flash_kib: float = 128.0  # flash allowed beyond the model (TFLM's code, the application)
     npu: str | None = "ethos-u55-128"
+    images: int | None = None  # TFLM runs the first N test images; null: every one
 
     def __post_init__(self) -> None:
+        if self.images is not None and self.images < 1:
+            raise ValueError(
+                f"mcu.images={self.images}: expected a count of test images >= 1, or null (all)."
+            )
         for name in ("runtime_ram_kib", "runtime_flash_kib"):
             if getattr(self, name) < 0:
                 raise ValueError(f"mcu.{name}={getattr(self, name)}: expected a number of KiB >= 0.")

@@ -1,5 +1,6 @@
-"""A TFLite model on the microcontroller path: every test image in TensorFlow Lite Micro, compared image by
-image with LiteRT's reference kernels; its tensor arena and flash; the boards it fits; Vela's NPU estimate.
+"""A TFLite model on the microcontroller path: every test image (or the first `mcu.images`) in TensorFlow
+Lite Micro, compared image by image with LiteRT's reference kernels; its tensor arena and flash; the boards
+it fits; Vela's NPU estimate.
 
 TFLM's outputs are cached by the model's sha256 (with the TFLM version and the images' digest): the same
 model bytes are run once, however many runs or sweeps evaluate them.
@@ -18,6 +19,7 @@ import numpy as np
 
 from resnet8ptq.backends.tflite.flatbuffer import read
 from resnet8ptq.backends.tflite.litert_runner import dequantize, quantize
+from resnet8ptq.errors import DataError
 from resnet8ptq.evaluate import Evaluated, subset_accuracy
 from resnet8ptq.hardware import usable_cores
 from resnet8ptq.mcu import tflm, vela
@@ -89,6 +91,7 @@ class McuResult:
     npu_error: str | None
     seconds: float
     metric: Metric = TOP1
+    test_images: int = 0  # the test set's size: more than len(labels) where `mcu.images` cut it
 
     @property
     def accuracy(self) -> float:
@@ -99,14 +102,25 @@ class McuResult:
     def differing_predictions(self) -> int:
         return int(np.sum(~self.metric.agree(self.predictions, self.reference_predictions)))
 
+    @property
+    def cut(self) -> bool:
+        """Whether TFLM ran only the first `mcu.images` of the test images."""
+        return len(self.labels) < self.test_images
+
+    @property
+    def reference_accuracy(self) -> float:
+        """The reference kernels' score on the images TFLM ran."""
+        return self.metric.value(self.reference_predictions, self.labels)
+
     def comparison(self) -> str:
         """How TFLM's outputs compare with the reference kernels', in words."""
         n = len(self.labels)
+        which = f"the first {n} of {self.test_images} test images" if self.cut else f"{n} images"
         if self.differing_outputs == 0:
-            return f"identical: TFLM and LiteRT's reference kernels give the same output tensors ({n} images)"
+            return f"identical: TFLM and LiteRT's reference kernels give the same output tensors ({which})"
         return (
             f"{self.differing_outputs} of {n} output tensors differ from LiteRT's reference kernels', "
-            f"{self.differing_predictions} predictions"
+            f"{self.differing_predictions} predictions" + (f" ({which})" if self.cut else "")
         )
 
     def metrics(self) -> dict[str, float]:
@@ -119,6 +133,8 @@ class McuResult:
                 else {}
             ),
             "mcu_differing_outputs": self.differing_outputs,
+            "mcu_images": len(self.labels),
+            **({f"{self.metric.key}_mcu_reference": self.reference_accuracy} if self.cut else {}),
             "mcu_arena_bytes": self.arena.recorded,
             "mcu_arena_smallest_bytes": self.arena.smallest,
             "mcu_arena_head_bytes": self.arena.head,
@@ -157,9 +173,18 @@ def evaluate_mcu(
     dequantized the same way); measure its arena and flash, check the boards, ask Vela for its NPU
     estimate."""
     start = time.perf_counter()
-    path, reference_outputs = evaluated.path, evaluated.reference.probabilities
+    path, reference = evaluated.path, evaluated.reference
     desc = f"{evaluated.name}: TFLite Micro"
     images, labels, perf_subset = data.test_images, data.test_labels, data.perf_subset
+    count = len(images) if settings.images is None else min(settings.images, len(images))
+    metric = data.metric.first(count)
+    if count < len(images):  # `mcu.images`: the first N; MLPerf's performance subset is then not whole
+        images, labels, perf_subset = images[:count], labels[:count], np.zeros(0, np.int64)
+        shapes = tuple(images.shape[1:]), tuple(np.shape(reference.probabilities)[1:])
+        refused = metric.check(*shapes, np.asarray(labels), evaluated.name)
+        if refused:
+            raise DataError(f"mcu.images={count}: {refused}. Raise mcu.images, or set it to null (all).")
+    reference_outputs = np.asarray(reference.probabilities)[:count]
     model = Path(path).read_bytes()
     source, sink = tflm.io(model)
     inputs = quantize(images, source.scale, source.zero_point, source.dtype) if source.scale else images
@@ -186,8 +211,8 @@ def evaluate_mcu(
             log.warning("%s", err)
     return McuResult(
         labels=np.asarray(labels),
-        predictions=data.metric.per_sample(outputs, images),
-        reference_predictions=evaluated.reference.predictions,
+        predictions=metric.per_sample(outputs, images),
+        reference_predictions=np.asarray(reference.predictions)[:count],
         differing_outputs=len(differs),
         divergence=divergence,
         perf_subset=np.asarray(perf_subset),
@@ -199,7 +224,8 @@ def evaluate_mcu(
         npu=npu,
         npu_error=npu_error,
         seconds=time.perf_counter() - start,
-        metric=data.metric,
+        metric=metric,
+        test_images=len(data.test_images),
     )
 
 

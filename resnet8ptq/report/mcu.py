@@ -20,6 +20,21 @@ NO_PATH = {
 }
 
 
+_CUT_NOTE = (
+    " Where TFLite Micro ran only the first `mcu.images` test images, its cell names how many and the "
+    "reference's accuracy on those same images."
+)
+
+
+def on_mcu_cell(row) -> str:
+    """TFLM's accuracy (%); over the first `mcu.images` test images, with their count and the reference's
+    accuracy on them (the row's reference column is over every test image)."""
+    cell = f"{100 * row.accuracy_mcu:.2f}"
+    if pd.isna(row.accuracy_mcu_reference):
+        return cell
+    return f"{cell} (first {int(row.mcu_images)}: reference {100 * row.accuracy_mcu_reference:.2f})"
+
+
 def deployability_section(report: Report) -> list[str]:
     """One row per quantized model (device runs of one model once); the accuracy-vs-arena plot. Left out when
     no model ran on the MCU path (its rows would only say so)."""
@@ -40,7 +55,7 @@ def deployability_section(report: Report) -> list[str]:
             [
                 row.model,
                 f"{100 * row.accuracy:.2f}",
-                f"{100 * row.accuracy_mcu:.2f}",
+                on_mcu_cell(row),
                 f"{int(row.mcu_differing_predictions)}",
                 f"{row.mcu_flash_bytes / KIB:.1f}",
                 f"{row.mcu_arena_bytes / KIB:.1f}",
@@ -48,6 +63,7 @@ def deployability_section(report: Report) -> list[str]:
                 npu,
             ]
         )
+    cut = "" if on_mcu["accuracy_mcu_reference"].isna().all() else _CUT_NOTE
     headers = [
         "model",
         "reference %",
@@ -64,7 +80,7 @@ def deployability_section(report: Report) -> list[str]:
         "Micro beside the reference (LiteRT's reference kernels; `predictions differ`: test images whose "
         f"class differs{differing_note(report.table)}), its flatbuffer (flash) and tensor arena (RAM) as "
         "TFLM allocates it, the boards it fits with the runtime's allowances, and Vela's NPU estimate (a "
-        "compiler's estimate, not a measurement).",
+        f"compiler's estimate, not a measurement).{cut}",
         Table(headers, rows).markdown(),
     ]
     if len(on_mcu) >= 2:

@@ -1,5 +1,6 @@
 """The microcontroller path (`mcu`) of the shared three-toolchain sweep: the TFLite run and MLPerf Tiny's own
-model in TensorFlow Lite Micro on all 10,000 test images, compared with LiteRT's reference kernels; the arena
+model in TensorFlow Lite Micro on the first `mcu.images` test images, compared with LiteRT's reference kernels
+on the same images; the arena
 (the allocator's report against the smallest arena that runs), flash, the board fits and Vela's estimate;
 none of it for ONNX Runtime and PyTorch runs; TFLM's outputs read back from the cache by the model's bytes."""
 
@@ -19,9 +20,9 @@ from resnet8ptq.data import Cifar10, to_model_input
 from resnet8ptq.device.fixed_point import ROUNDINGS, quantize_multiplier
 from resnet8ptq.mcu import tflm
 from resnet8ptq.mcu.evaluate import cached_outputs
-from tests.integration.conftest import Sweeps
+from tests.integration.conftest import MCU_IMAGES, Sweeps
 
-DIFFERING_PREDICTIONS = 10  # of 10,000: TFLM's kernels may round some ops differently (docs/mcu.md)
+DIFFERING_PREDICTIONS = 10  # of MCU_IMAGES: TFLM's kernels may round some ops differently (docs/mcu.md)
 BOARDS = ("nucleo_l4r5zi", "nano33_ble_sense", "pico", "samd21")
 
 
@@ -73,21 +74,30 @@ def test_every_tflite_model_is_measured_on_the_mcu_path_and_only_those(
 def test_tflm_predictions_are_the_reference_kernels(
     sweeps: Sweeps, cifar: Cifar10, assets_dir: Path, tmp_path: Path
 ) -> None:
-    """mcu/predictions.csv of each TFLite model: its reference column is LiteRT's reference kernels (the
-    device run's, which equal them: test_device.py), TFLM's predictions differ on at most a few images, and
-    the metrics count them; 30 images rerun through tflite_micro directly agree with the tflm column."""
+    """mcu/predictions.csv of each TFLite model: the first `mcu.images` test images, its reference column
+    LiteRT's reference kernels (the device run's, which equal them: test_device.py), TFLM's predictions differ
+    on at most a few images, and the metrics count them and score both on those images; 30 images rerun
+    through tflite_micro directly agree with the tflm column."""
     images = to_model_input(cifar.test_images)
     for name, run in mcu_runs(sweeps).items():
+        metrics, tags = run.data.metrics, run.data.tags
         table = pd.read_csv(artifacts(sweeps, run, "mcu", tmp_path) / "predictions.csv")
-        assert len(table) == 10_000 and (table["label"] == np.asarray(cifar.test_labels)).all()
+        assert len(table) == metrics["mcu_images"] == MCU_IMAGES
+        assert (table["label"] == np.asarray(cifar.test_labels)[:MCU_IMAGES]).all()
         differing = int((table["tflm"] != table["reference"]).sum())
-        assert differing == run.data.metrics["mcu_differing_predictions"] <= DIFFERING_PREDICTIONS, name
-        assert run.data.metrics["accuracy_mcu"] == float((table["tflm"] == table["label"]).mean())
-        assert float((table["reference"] == table["label"]).mean()) == run.data.metrics["accuracy"]
-        if run.data.metrics["mcu_differing_outputs"]:
-            assert run.data.tags["mcu.divergence"].startswith("first differs at op ")
-        else:
-            assert run.data.tags["mcu.vs_reference"].startswith("identical")
+        assert differing == metrics["mcu_differing_predictions"] <= DIFFERING_PREDICTIONS, name
+        assert metrics["accuracy_mcu"] == float((table["tflm"] == table["label"]).mean())
+        assert metrics["accuracy_mcu_reference"] == float((table["reference"] == table["label"]).mean())
+        assert "accuracy_mcu_perf_subset" not in metrics  # MLPerf's 200 are spread over all 10,000
+        if metrics["mcu_differing_outputs"]:
+            assert tags["mcu.divergence"].startswith("first differs at op ")
+        which = (
+            "identical"
+            if metrics["mcu_differing_outputs"] == 0
+            else f"{int(metrics['mcu_differing_outputs'])} of"
+        )
+        assert tags["mcu.vs_reference"].startswith(which), tags["mcu.vs_reference"]
+        assert tags["mcu.vs_reference"].endswith(f"(the first {MCU_IMAGES} of 10000 test images)")
         (model,) = artifacts(sweeps, run, "model", tmp_path).glob("*.tflite")
         interpreter = runtime.Interpreter.from_bytes(model.read_bytes())
         source = interpreter.get_input_details(0)
@@ -101,7 +111,7 @@ def test_tflm_predictions_are_the_reference_kernels(
     (tflite_device,) = [r for r in device if r.data.tags["backend"] == "tflite"]
     reference = pd.read_csv(artifacts(sweeps, tflite_device, "device", tmp_path) / "predictions.csv")
     mcu = pd.read_csv(artifacts(sweeps, mcu_runs(sweeps)["tflite"], "mcu", tmp_path) / "predictions.csv")
-    assert (mcu["reference"] == reference["reference"]).all()
+    assert (mcu["reference"] == reference["reference"][:MCU_IMAGES]).all()
 
 
 def test_tflm_outputs_are_cached_by_the_models_bytes(
@@ -111,7 +121,8 @@ def test_tflm_outputs_are_cached_by_the_models_bytes(
     inputs are read back (TFLM does not run again) and give the run's logged TFLM predictions."""
     model = (assets_dir / "models" / "pretrainedResnet_quant.tflite").read_bytes()
     source, _ = tflm.io(model)
-    inputs = quantize(to_model_input(cifar.test_images), source.scale, source.zero_point, source.dtype)
+    images = to_model_input(cifar.test_images[:MCU_IMAGES])
+    inputs = quantize(images, source.scale, source.zero_point, source.dtype)
     monkeypatch.setattr(tflm, "run", lambda *args, **kwargs: pytest.fail("TFLM ran again"))
     outputs = cached_outputs(model, inputs, model_cache, 1, "mlperf")
     table = pd.read_csv(artifacts(sweeps, mcu_runs(sweeps)["mlperf"], "mcu", tmp_path) / "predictions.csv")

@@ -1,23 +1,27 @@
 """The microcontroller path's pieces that need no model: board fits and their verdicts, the `mcu` settings'
 validation, the arena's planned tensors on a small synthetic graph, capturing what C code prints to file
-descriptor 2, and the divergence summary."""
+descriptor 2, the divergence summary, and `mcu.images`' cut."""
 
 from __future__ import annotations
 
 import ctypes
 from collections import Counter
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
 from resnet8ptq.backends.tflite.flatbuffer import Tensor, TFLiteModel
-from resnet8ptq.errors import ConfigError
+from resnet8ptq.errors import ConfigError, DataError
+from resnet8ptq.evaluate import Evaluated
 from resnet8ptq.mcu.config import KIB, Board, McuConfig, mcu_settings
 from resnet8ptq.mcu.divergence import Divergence
-from resnet8ptq.mcu.evaluate import board_fits
+from resnet8ptq.mcu.evaluate import board_fits, evaluate_mcu
 from resnet8ptq.mcu.memory import peak_live_bytes, planned_tensors
 from resnet8ptq.mcu.tflm import captured_stderr
+from resnet8ptq.metrics import TOP1, ReconstructionAuc
+from resnet8ptq.report.mcu import on_mcu_cell
 
 SMALL = Board("Cortex-M0+", 48, 32, 256)
 LARGE = Board("Cortex-M4F", 120, 640, 2048)
@@ -102,3 +106,37 @@ def test_divergence_summary_names_the_first_differing_op() -> None:
         "first differs at op 14 FULLY_CONNECTED (20 of 20 images, by <= 1 LSB); "
         "later: 15 SOFTMAX (<= 7 LSB); every op before is bit-identical"
     )
+
+
+def test_images_setting_is_a_positive_count_or_all() -> None:
+    schema = OmegaConf.structured(McuConfig)
+    assert mcu_settings(schema).images is None  # every test image by default
+    assert mcu_settings(OmegaConf.merge(schema, {"images": 200})).images == 200
+    with pytest.raises(ConfigError, match=r"mcu.images=0: expected a count of test images >= 1, or null"):
+        mcu_settings(OmegaConf.merge(schema, {"images": 0}))
+
+
+def test_a_cut_an_autoencoders_auc_cannot_score_is_refused_before_tflm_runs(tmp_path) -> None:
+    """The first 4 of 8 inputs are one clip, all normal: no AUC on them. Refused by name before the model file
+    (absent here) is read."""
+    groups, labels = np.repeat(np.arange(4), 2), np.array([0, 0, 0, 0, 1, 1, 0, 0])
+    inputs = np.zeros((8, 4), np.float32)
+    data = SimpleNamespace(
+        test_images=inputs,
+        test_labels=labels,
+        perf_subset=np.zeros(0, np.int64),
+        metric=ReconstructionAuc(groups),
+    )
+    reference = SimpleNamespace(probabilities=inputs, predictions=np.zeros(8))
+    model = Evaluated("ad", tmp_path / "absent.tflite", reference)
+    with pytest.raises(DataError, match=r"mcu.images=4: ad: metric=auc needs test labels 0 .* and 1"):
+        evaluate_mcu(model, McuConfig(images=4), data, tmp_path)
+
+
+def test_a_cut_keeps_its_groups_and_the_report_names_it() -> None:
+    auc = ReconstructionAuc(np.repeat(np.arange(3), 2))
+    assert auc.first(3).groups.tolist() == [0, 0, 1] and auc.groups.tolist() == [0, 0, 1, 1, 2, 2]
+    assert TOP1.first(3) is TOP1
+    row = SimpleNamespace(accuracy_mcu=0.869, accuracy_mcu_reference=0.871, mcu_images=1000)
+    assert on_mcu_cell(row) == "86.90 (first 1000: reference 87.10)"
+    assert on_mcu_cell(SimpleNamespace(accuracy_mcu=0.8707, accuracy_mcu_reference=np.nan)) == "87.07"
