@@ -33,8 +33,8 @@ class McuConfig:
     configuration Vela compiles each int8 model for, for its estimate (null: no estimate); Vela's default
     system configuration sets the clock and memories (for the U55: ``Ethos_U55_High_End_Embedded``, 500 MHz,
     weights in off-chip flash). ``images``: TFLM runs the first N test images (null: every one). TFLM is
-    the slowest part of a TFLite run (MLPerf's int8 ResNet8: 17 ms an image on one core of an AMD EPYC Zen
-    3, 2.5x LiteRT's reference kernels and 16x its optimised ones: bench/mcu.py); its accuracy, its agreement
+    the slowest part of a TFLite run (MLPerf's int8 ResNet8: 15 ms an image on one core of an AMD EPYC Zen
+    3, 2.9x LiteRT's reference kernels and 14x its optimised ones: bench/mcu.py); its accuracy, its agreement
     with the reference kernels and the report are then over those N, named so."""
 
     enabled: bool = True
