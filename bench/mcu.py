@@ -48,6 +48,7 @@ def main() -> None:
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # one core, as each TFLM worker has
     from ai_edge_litert.interpreter import Interpreter, OpResolverType
+    from tflite_micro import runtime
 
     assets = Path(os.environ.get("RESNET8PTQ_ASSETS", REPO.parent / "shared"))
     model = (assets / MODEL).read_bytes()
@@ -55,7 +56,7 @@ def main() -> None:
     images = to_model_input(load_cifar10(assets, download=False).test_images[: args.images])
     inputs = quantize(images, source.scale, source.zero_point, source.dtype)[:, None]
 
-    micro = tflm._interpreter(model)
+    micro = runtime.Interpreter.from_bytes(model)  # as the mcu stage makes it (resnet8ptq/mcu/tflm.py)
 
     def on_tflm(image: np.ndarray) -> None:
         micro.set_input(image, 0)
@@ -81,9 +82,7 @@ def main() -> None:
     for _ in range(args.rounds):  # interleaved: drift in the machine's speed hits every path alike
         for name, invoke in paths.items():
             times[name].append(per_image_ms(invoke, inputs))
-    print(
-        f"{detect().cpu}, 1 core; MLPerf's int8 ResNet8 on {args.images} test images; median of {args.rounds}"
-    )
+    print(f"{detect().label}: MLPerf's int8 ResNet8 on {args.images} test images; median of {args.rounds}")
     first = statistics.median(next(iter(times.values())))
     for name, values in times.items():
         median = statistics.median(values)

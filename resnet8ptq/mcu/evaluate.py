@@ -190,7 +190,7 @@ def evaluate_mcu(
     inputs = quantize(images, source.scale, source.zero_point, source.dtype) if source.scale else images
     raw = cached_outputs(model, inputs, Path(cache_dir), workers or usable_cores(), desc)
     outputs = dequantize(raw, sink.scale, sink.zero_point) if sink.scale else raw.astype(np.float32)
-    differs = np.flatnonzero(np.any(outputs != np.asarray(reference_outputs), axis=1))
+    differs = np.flatnonzero(np.any(outputs != reference_outputs, axis=1))
     divergence = locate(path, images[differs]) if len(differs) else None
     arena = tflm.measure_arena(model, inputs[:1])
     if not arena.agrees:
